@@ -1,0 +1,159 @@
+"""The vocabulary an algorithm is written in: actors, learners, and the algorithm bundle."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import cloudpickle
+import torch
+
+from .fragment import check_role
+from .resources import Resources
+
+Batch = dict[str, Any]
+"""A rollout's transitions (flat numpy arrays) plus ``stats`` (a dict of numbers/lists)."""
+
+Weights = dict[str, torch.Tensor]
+"""A CPU ``state_dict`` of the policy: what travels from learner to actors."""
+
+
+class Actor(Protocol):
+    """Envs plus a local policy copy, resident on a worker across iterations."""
+
+    def set_weights(self, weights: Weights, version: int) -> None:
+        """Load policy weights (a no-op when ``version`` is already loaded)."""
+
+    def rollout(self, num_steps: int) -> Batch:
+        """Step the envs ``num_steps`` times and return the post-processed batch."""
+
+
+class Learner(Protocol):
+    """Model and optimiser, resident on the learner's worker across iterations."""
+
+    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
+        """One update on the batches; ``progress`` in [0, 1) drives schedules."""
+
+    def weights(self) -> Weights:
+        """A CPU copy of the policy weights for the actors."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume (model, optimiser, RNG), CPU tensors."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`."""
+
+
+@dataclass(frozen=True)
+class LearnerOutput:
+    """What a learner task returns: the next iteration's input and this one's metrics."""
+
+    version: int
+    state: dict[str, Any]
+    weights: Weights
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+ROLES = ("rollout", "learner", "inference", "evaluate")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An RL algorithm as factories a distribution can place anywhere.
+
+    Parameters
+    ----------
+    name : str
+        Shown in summaries.
+    make_actor : callable ``(seed) -> Actor``
+        Builds one actor replica's envs and policy copy.
+    make_learner : callable ``(seed, device) -> Learner``
+        Builds the learner (model + optimiser) on ``device``.
+    evaluate : callable ``(weights, seed) -> dict``
+        Deterministic evaluation; returns at least ``eval_return_mean``.
+    num_steps : int
+        Steps each env of an actor takes per rollout.
+    num_envs : int
+        Envs per actor replica.
+    num_actors : int
+        Actor replicas per iteration.
+    resources : mapping of role to Resources
+        Per-role annotations; roles are ``rollout``, ``learner``, ``inference``, ``evaluate``.
+    env_id : str, optional
+        Checked against gymnasium's registry before any work starts.
+
+    Examples
+    --------
+    >>> algo = Algorithm("noop", make_actor=print, make_learner=print, evaluate=print,
+    ...                  num_steps=8, num_envs=4, num_actors=2)
+    >>> algo.steps_per_iteration
+    64
+    >>> algo.resources_for("learner")
+    Resources(cpu=1, gpu=0, custom={}, fallback=None)
+    """
+
+    name: str
+    make_actor: Callable[[int], Actor]
+    make_learner: Callable[[int, str], Learner]
+    evaluate: Callable[[Weights, int], dict[str, float]]
+    num_steps: int
+    num_envs: int = 1
+    num_actors: int = 1
+    resources: Mapping[str, Resources] = field(default_factory=dict)
+    env_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for role, res in self.resources.items():
+            check_role(role)
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r}: roles are {', '.join(ROLES)}")
+            if not isinstance(res, Resources):
+                raise TypeError(f"resources[{role!r}] must be daskrl.Resources, got {res!r}")
+        for name in ("num_steps", "num_envs", "num_actors"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps of all actors in one iteration."""
+        return self.num_steps * self.num_envs * self.num_actors
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        # Graph scripts are loaded by path and registered with cloudpickle to travel by
+        # value; plain pickle (which Dask tries first) would reference them by module name,
+        # which workers cannot import. The bytes are made once per algorithm.
+        blob = self.__dict__.get("_blob")
+        if blob is None:
+            fields = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+            blob = cloudpickle.dumps(fields)
+            object.__setattr__(self, "_blob", blob)
+        return _load_algorithm, (blob,)
+
+    def resources_for(self, role: str) -> Resources:
+        """The annotation of ``role`` (one CPU when the algorithm names none)."""
+        return self.resources.get(role, Resources(cpu=1))
+
+    def with_resources(self, overrides: Mapping[str, Resources]) -> Algorithm:
+        """A copy with some roles' resources replaced (the ``--resources`` flag)."""
+        merged = dict(self.resources)
+        merged.update(overrides)
+        fields = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        return Algorithm(**{**fields, "resources": merged})
+
+
+_LOADED: dict[str, Algorithm] = {}
+
+
+def _load_algorithm(blob: bytes) -> Algorithm:
+    """Unpickle an algorithm once per process (tasks of every iteration carry the same one)."""
+    digest = hashlib.sha1(blob).hexdigest()
+    algo = _LOADED.get(digest)
+    if algo is None:
+        algo = Algorithm(**cloudpickle.loads(blob))
+        object.__setattr__(algo, "_blob", blob)
+        _LOADED.clear()  # keep only the current run's algorithm
+        _LOADED[digest] = algo
+    return algo

@@ -1,0 +1,1 @@
+"""Pure torch/numpy kernels of the algorithms: no Dask inside."""

@@ -1,0 +1,198 @@
+"""PPO losses and update (CleanRL-equivalent maths), as pure torch functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PPOHyper:
+    """PPO update settings, named as in CleanRL."""
+
+    update_epochs: int = 4
+    """Passes over the rollout batch per update."""
+    num_minibatches: int = 4
+    """Minibatches per epoch."""
+    learning_rate: float = 2.5e-4
+    """Adam step size (annealed linearly to 0 when ``anneal_lr``)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly over the run."""
+    clip_coef: float = 0.2
+    """Surrogate clipping coefficient."""
+    clip_vloss: bool = True
+    """Clip the value loss like the surrogate."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    ent_coef: float = 0.01
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the epochs early when the approximate KL exceeds this."""
+
+
+def normalize(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero-mean, unit-std copy of ``x``.
+
+    Examples
+    --------
+    >>> normalize(torch.tensor([1.0, 3.0])).tolist()
+    [-0.7071..., 0.7071...]  # doctest: +SKIP
+    """
+    return (x - x.mean()) / (x.std() + eps)
+
+
+def policy_loss(
+    advantages: torch.Tensor, ratio: torch.Tensor, clip_coef: float
+) -> torch.Tensor:
+    """Clipped surrogate objective, as a loss to minimise.
+
+    Examples
+    --------
+    >>> policy_loss(torch.tensor([1.0]), torch.tensor([1.5]), 0.2).item()
+    -1.2000000476837158
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    return torch.max(unclipped, clipped).mean()
+
+
+def value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    clip_coef: float,
+    clip: bool = True,
+) -> torch.Tensor:
+    """Half mean squared error to the returns, optionally clipped around the old values.
+
+    Examples
+    --------
+    >>> value_loss(torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([0.0]), 0.2).item()
+    2.0
+    """
+    unclipped = (new_values - returns) ** 2
+    if not clip:
+        return 0.5 * unclipped.mean()
+    v_clipped = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
+    return 0.5 * torch.max(unclipped, (v_clipped - returns) ** 2).mean()
+
+
+def ppo_loss(
+    net: nn.Module, mb: dict[str, torch.Tensor], hp: PPOHyper
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Total PPO loss on one minibatch and its parts.
+
+    ``mb`` holds ``obs, actions, logp, values, advantages, returns`` tensors.
+    """
+    new_logp, entropy, new_values = net.evaluate(mb["obs"], mb["actions"])
+    log_ratio = new_logp - mb["logp"]
+    ratio = log_ratio.exp()
+    adv = normalize(mb["advantages"]) if hp.norm_adv and len(mb["advantages"]) > 1 else (
+        mb["advantages"]
+    )
+    pg = policy_loss(adv, ratio, hp.clip_coef)
+    vf = value_loss(new_values, mb["values"], mb["returns"], hp.clip_coef, hp.clip_vloss)
+    ent = entropy.mean()
+    loss = pg - hp.ent_coef * ent + hp.vf_coef * vf
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > hp.clip_coef).float().mean()
+    parts = {
+        "losses/policy_loss": pg.detach(),
+        "losses/value_loss": vf.detach(),
+        "losses/entropy": ent.detach(),
+        "losses/approx_kl": approx_kl,
+        "losses/clipfrac": clipfrac,
+    }
+    return loss, parts
+
+
+GradHook = Callable[[list[torch.Tensor]], None]
+
+
+def ppo_update(
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, np.ndarray],
+    hp: PPOHyper,
+    generator: torch.Generator,
+    lr: float | None = None,
+    grad_hook: GradHook | None = None,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """Run ``update_epochs`` x ``num_minibatches`` clipped-surrogate steps on one batch.
+
+    Parameters
+    ----------
+    net : nn.Module
+        Network with ``evaluate(obs, actions) -> (logp, entropy, value)``.
+    optimizer : torch.optim.Optimizer
+        Optimiser over ``net``'s parameters.
+    batch : dict of ndarray
+        Flat transitions: ``obs, actions, logp, values, advantages, returns``.
+    hp : PPOHyper
+        Update settings.
+    generator : torch.Generator
+        Shuffles minibatches (seeded for reproducible runs).
+    lr : float, optional
+        Learning rate for this update (annealing); default ``hp.learning_rate``.
+    grad_hook : callable, optional
+        Called with the parameter gradients after backward and before clipping
+        (data-parallel gradient averaging plugs in here).
+    device : str or torch.device
+        Where the update runs.
+
+    Returns
+    -------
+    dict
+        Mean of each loss part over the minibatches, plus ``losses/explained_variance``.
+
+    Examples
+    --------
+    >>> from daskrl.algos.networks import DiscreteActorCritic
+    >>> net = DiscreteActorCritic(4, 2); opt = torch.optim.Adam(net.parameters())
+    >>> b = {"obs": np.zeros((8, 4), np.float32), "actions": np.zeros(8, np.int64),
+    ...      "logp": np.full(8, -0.69, np.float32), "values": np.zeros(8, np.float32),
+    ...      "advantages": np.ones(8, np.float32), "returns": np.ones(8, np.float32)}
+    >>> sorted(ppo_update(net, opt, b, PPOHyper(), torch.Generator()))[0]
+    'losses/approx_kl'
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = hp.learning_rate if lr is None else lr
+    data = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+    n = len(data["obs"])
+    mb_size = max(1, -(-n // hp.num_minibatches))
+    params = [p for p in net.parameters() if p.requires_grad]
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    for _ in range(hp.update_epochs):
+        perm = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, n, mb_size):
+            idx = perm[start : start + mb_size]
+            loss, parts = ppo_loss(net, {k: v[idx] for k, v in data.items()}, hp)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook([p.grad for p in params])
+            nn.utils.clip_grad_norm_(params, hp.max_grad_norm)
+            optimizer.step()
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0) + v
+            count += 1
+        if hp.target_kl is not None and float(parts["losses/approx_kl"]) > hp.target_kl:
+            break
+    out = {k: float(v) / count for k, v in sums.items()}
+    y, v = data["returns"], data["values"]
+    var_y = torch.var(y) if n > 1 else torch.tensor(0.0)
+    out["losses/explained_variance"] = float("nan") if var_y == 0 else float(
+        1 - torch.var(y - v) / var_y
+    )
+    return out

@@ -1,0 +1,179 @@
+"""``daskrl`` command line: train a graph script, render its task graph."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+import time
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .resources import parse_role_resources
+
+
+class UserError(Exception):
+    """Bad input: reported as one line on stderr with a non-zero exit."""
+
+
+def load_graph(path: str) -> types.ModuleType:
+    """Import a graph script by path; it must define ``Config`` and ``build(config)``.
+
+    The module is pickled by value, so workers need not have the script on their path.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"graph script {path!r} not found: pass a path like graphs/ppo.py")
+    name = f"daskrl_graph_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise UserError(f"cannot import graph script {path!r}: is it a .py file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    missing = [n for n in ("Config", "build") if not hasattr(module, n)]
+    if missing or not dataclasses.is_dataclass(module.Config):
+        raise UserError(
+            f"graph script {path!r} must define a dataclass `Config` and `build(config)` "
+            f"returning a daskrl.Algorithm (missing: {', '.join(missing) or 'dataclass Config'})"
+        )
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def _flag_type(tp: Any) -> Any:
+    tp = {"int": int, "float": float, "str": str, "bool": bool}.get(tp, tp) if isinstance(
+        tp, str) else tp
+    return tp
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config_cls: type) -> None:
+    """One ``--flag`` per field of the graph's ``Config`` dataclass."""
+    group = parser.add_argument_group(f"{config_cls.__module__.removeprefix('daskrl_graph_')} "
+                                      "settings")
+    for f in dataclasses.fields(config_cls):
+        flag = "--" + f.name.replace("_", "-")
+        tp = _flag_type(f.type)
+        text = f.metadata.get("help", "")
+        if tp is bool:
+            group.add_argument(flag, dest=f.name, default=f.default,
+                               action=argparse.BooleanOptionalAction, help=text)
+        else:
+            group.add_argument(flag, dest=f.name, type=tp, default=f.default,
+                               help=f"{text} (default: {f.default})")
+
+
+def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
+    from .distributions import DISTRIBUTIONS
+
+    parser = argparse.ArgumentParser(
+        prog="daskrl", description="Reinforcement learning as resource-annotated Dask graphs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a graph script on a Dask cluster",
+                           description="Train GRAPH (e.g. graphs/ppo.py) on a Dask cluster.")
+    train.add_argument("graph", help="graph script, e.g. graphs/ppo.py")
+    train.add_argument("--distribution", default="actors-learner",
+                       help=f"placement policy: {', '.join(sorted(DISTRIBUTIONS))}")
+    train.add_argument("--steps", type=int, default=500_000, help="env steps to train for")
+    train.add_argument("--seed", type=int, default=1, help="run seed")
+    train.add_argument("--workers", type=int, default=2,
+                       help="worker processes of the embedded cluster (default: 2)")
+    train.add_argument("--scheduler", default=None,
+                       help="address of an existing Dask scheduler (default: embedded cluster)")
+    train.add_argument("--resources", action="append", default=[], metavar="ROLE=KEY:N[,KEY:N]",
+                       help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
+    train.add_argument("--out", type=Path, default=None,
+                       help="output folder (default: runs/<graph>-<time>)")
+    train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
+    train.add_argument("--checkpoint-every", type=int, default=10, help="iterations per checkpoint")
+    train.add_argument("--no-eval", dest="eval", action="store_false",
+                       help="skip the final deterministic evaluation")
+    train.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar")
+    if graph_module is not None:
+        add_config_flags(train, graph_module.Config)
+    return parser
+
+
+def _graph_path(argv: Sequence[str]) -> str | None:
+    args = list(argv)
+    if len(args) >= 2 and args[0] == "train" and not args[1].startswith("-"):
+        return args[1]
+    return None
+
+
+def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
+    """Run ``daskrl train``."""
+    from distributed import Client
+
+    from .cluster import connect, default_worker_resources, local_cluster
+    from .distributions import get_distribution
+    from .driver import RunSettings, train
+
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
+    try:
+        distribution = get_distribution(args.distribution)
+        overrides = parse_role_resources(args.resources)
+        if args.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        algo = module.build(config).with_resources(overrides)
+    except (ValueError, TypeError) as exc:
+        raise UserError(str(exc)) from None
+    out = args.out or Path("runs") / f"{Path(args.graph).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.resume and not (out / "checkpoints").is_dir():
+        raise UserError(f"--resume: no checkpoints under {out}; pass the --out of an earlier run")
+    cluster = None
+    try:
+        if args.scheduler:
+            client = connect(args.scheduler)
+        else:
+            cluster = local_cluster(default_worker_resources(args.workers))
+            client = Client(cluster)
+        print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
+        settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
+                               checkpoint_every=args.checkpoint_every, eval=args.eval,
+                               progress=args.progress,
+                               meta={"graph": args.graph, "config": dataclasses.asdict(config)})
+        try:
+            summary = train(client, algo, distribution, settings)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            client.close()
+    except ConnectionError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        if cluster is not None:
+            cluster.close()
+    keys = ("env_steps", "wall_s", "env_steps_per_s", "eval_return_mean")
+    print(" ".join(f"{k}={summary[k]:.6g}" for k in keys if k in summary))
+    print(f"wrote {out}/metrics.csv, {out}/summary.json, {out}/checkpoints/")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``daskrl`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        path = _graph_path(argv)
+        module = load_graph(path) if path else None
+        args = _parser(module).parse_args(argv)
+        if args.command == "train":
+            return cmd_train(args, module)
+    except UserError as exc:
+        print(f"daskrl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("daskrl: interrupted; the last finished iteration is checkpointed", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

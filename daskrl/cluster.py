@@ -1,0 +1,108 @@
+"""Clusters: the embedded local cluster, connecting to a scheduler, and resource checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import dask
+from distributed import Client, LocalCluster, Nanny, Worker
+
+DEFAULT_TIMEOUT = "30s"
+"""How long a task may wait for a worker that offers its resources before it fails."""
+
+
+def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
+    """Settings every daskrl run uses: no task waits forever, no fused-away annotations.
+
+    ``distributed.scheduler.no-workers-timeout`` makes a task that no worker can run fail
+    with ``NoValidWorkerError`` instead of waiting forever; low-level fusion stays off
+    because fused delayed tasks lose their resource annotations.
+    """
+    dask.config.set({
+        "distributed.scheduler.no-workers-timeout": no_workers_timeout,
+        "optimization.fuse.delayed": False,
+        "distributed.worker.daemon": False,
+    })
+
+
+def local_cluster(
+    worker_resources: Sequence[Mapping[str, float]],
+    threads_per_worker: int = 1,
+    processes: bool = True,
+    dashboard_address: str = "127.0.0.1:0",
+    security: bool | None = None,
+) -> LocalCluster:
+    """An embedded cluster on 127.0.0.1 with one worker per entry of ``worker_resources``.
+
+    Workers are named ``w0, w1, ...`` (names, unlike addresses, survive restarts) and each
+    advertises its own resources, e.g. ``[{"CPU": 1}, {"CPU": 1, "GPU": 1}]``.
+
+    Examples
+    --------
+    >>> cluster = local_cluster([{"CPU": 1}], processes=False)  # doctest: +SKIP
+    """
+    configure_dask()
+    cluster = LocalCluster(
+        n_workers=0,
+        threads_per_worker=threads_per_worker,
+        processes=processes,
+        host="127.0.0.1",
+        dashboard_address=dashboard_address,
+        security=security or None,
+    )
+    cls = Nanny if processes else Worker
+    base = dict(cluster.new_spec["options"])
+    for i, res in enumerate(worker_resources):
+        cluster.worker_spec[f"w{i}"] = {
+            "cls": cls,
+            "options": {**base, "nthreads": threads_per_worker, "resources": dict(res)},
+        }
+    cluster.sync(cluster._correct_state)
+    return cluster
+
+
+def default_worker_resources(workers: int) -> list[dict[str, float]]:
+    """``CPU=1`` per worker; the first worker also advertises the GPUs torch can see.
+
+    Examples
+    --------
+    >>> default_worker_resources(2)[1]
+    {'CPU': 1}
+    """
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    gpus = _visible_gpus()
+    out: list[dict[str, float]] = [{"CPU": 1} for _ in range(workers)]
+    if gpus:
+        out[0]["GPU"] = gpus
+    return out
+
+
+def _visible_gpus() -> int:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no torch / broken driver: no GPU
+        return 0
+
+
+def connect(address: str, timeout: float = 10.0) -> Client:
+    """A client of the scheduler at ``address``; raises ``ConnectionError`` naming it."""
+    configure_dask()
+    try:
+        return Client(address, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionError(
+            f"cannot reach the Dask scheduler at {address!r} within {timeout:g}s ({exc}); "
+            "start one with `dask scheduler`, or drop --scheduler to use the embedded cluster"
+        ) from None
+
+
+def worker_resources(client: Client) -> dict[str, dict[str, float]]:
+    """Worker name -> advertised resources, as the scheduler sees them now."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return {str(w["name"]): dict(w.get("resources") or {}) for w in info.values()}

@@ -1,0 +1,118 @@
+"""Building blocks of an iteration's delayed graph: readable keys, annotations, placement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask
+from dask.delayed import Delayed, delayed
+
+from .fragment import Fragment
+from .resources import Resources
+
+
+def task_key(role: str, replica: int, iteration: int, run: str) -> str:
+    """The key of one task, ``<role>-<replica>-it<k>-<run>``; the dashboard shows ``<role>``.
+
+    Examples
+    --------
+    >>> task_key("rollout", 3, 7, "1a2b3c4d")
+    'rollout-3-it7-1a2b3c4d'
+    """
+    return f"{role}-{replica}-it{iteration}-{run}"
+
+
+def task(
+    fn: Callable[..., Any],
+    *args: Any,
+    role: str,
+    replica: int,
+    iteration: int,
+    run: str,
+    resources: Resources,
+    worker: str | None = None,
+) -> Delayed:
+    """One fragment call as a delayed task with its key, resources and worker preference.
+
+    ``worker`` pins the task to a worker *name* loosely (``allow_other_workers``), so the
+    replica stays where its state lives but moves when that worker is lost.
+
+    Examples
+    --------
+    >>> d = task(max, 1, 2, role="learner", replica=0, iteration=0, run="r",
+    ...          resources=Resources(cpu=1))
+    >>> d.key, d.compute(scheduler="sync")
+    ('learner-0-it0-r', 2)
+    """
+    annotations: dict[str, Any] = {"resources": resources.to_dask()}
+    if worker is not None:
+        annotations.update(workers=[worker], allow_other_workers=True)
+    with dask.annotate(**annotations):
+        return delayed(fn, pure=False)(*args, dask_key_name=task_key(role, replica, iteration, run))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Resolved resources and the worker name of every replica of every role."""
+
+    resources: Mapping[str, Resources]
+    workers: Mapping[str, tuple[str, ...]]
+
+    def worker(self, role: str, replica: int) -> str | None:
+        """The preferred worker of one replica (None when the role has no plan)."""
+        names = self.workers.get(role, ())
+        return names[replica % len(names)] if names else None
+
+
+def plan_placement(
+    fragments: Sequence[Fragment],
+    workers: Mapping[str, Mapping[str, float]],
+) -> Placement:
+    """Assign each fragment's replicas to workers that offer its resources.
+
+    Roles that need a GPU take GPU workers; other roles prefer workers without one, so a
+    learner's GPU worker is not also stepping envs. Replicas are spread round-robin.
+
+    Parameters
+    ----------
+    fragments : sequence of Fragment
+        One per role, with its resources and replica count.
+    workers : mapping of worker name to its advertised resources
+
+    Raises
+    ------
+    ValueError
+        Naming the role and the resource when no worker offers it (nor its fallback).
+
+    Examples
+    --------
+    >>> frags = [Fragment(print, "rollout", Resources(cpu=1), 2),
+    ...          Fragment(print, "learner", Resources(gpu=1))]
+    >>> p = plan_placement(frags, {"a": {"CPU": 1}, "b": {"CPU": 1, "GPU": 1}})
+    >>> p.workers["rollout"], p.workers["learner"]
+    (('a', 'a'), ('b',))
+    """
+    if not workers:
+        raise ValueError("the cluster has no workers: start some, or use the embedded cluster")
+    resolved: dict[str, Resources] = {}
+    chosen: dict[str, tuple[str, ...]] = {}
+    offered = "; ".join(f"{n}: {dict(r) or 'no resources'}" for n, r in sorted(workers.items()))
+    for frag in fragments:
+        role, res, replicas = frag.role, frag.resources, frag.replicas
+        try:
+            use = res.resolve(workers)
+        except ValueError as exc:
+            raise ValueError(
+                f"fragment {role!r} needs {res} but {exc.args[0].removeprefix('no worker offers ')}"
+                f" is offered by no worker (workers: {offered}); start a worker with "
+                f"`dask worker --resources ...`, or change it with --resources {role}=KEY:N"
+            ) from None
+        fits = sorted(n for n, r in workers.items() if use.satisfied_by(r))
+        if not use.gpu:
+            no_gpu = [n for n in fits if not workers[n].get("GPU")]
+            fits = no_gpu or fits
+        resolved[role] = use
+        chosen[role] = tuple(fits[i % len(fits)] for i in range(replicas))
+    return Placement(resolved, chosen)

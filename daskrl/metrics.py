@@ -1,0 +1,72 @@
+"""``metrics.csv`` (one row per iteration) and ``summary.json``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+FIRST = ("iteration", "env_steps", "wall_s", "episode_return_mean", "env_steps_per_s")
+
+
+class MetricsWriter:
+    """Append-only CSV of per-iteration metrics, flushed after every row.
+
+    On resume, rows after the checkpoint's iteration are dropped first, so the file stays
+    contiguous with no duplicate iterations.
+
+    Examples
+    --------
+    >>> import tempfile; p = Path(tempfile.mkdtemp()) / "metrics.csv"
+    >>> w = MetricsWriter(p); w.write({"iteration": 1, "env_steps": 8, "loss": 0.5}); w.close()
+    >>> p.read_text().splitlines()[0]
+    'iteration,env_steps,loss'
+    """
+
+    def __init__(self, path: Path, resume_after: int | None = None) -> None:
+        self.path = path
+        self.columns: list[str] | None = None
+        kept: list[dict[str, str]] = []
+        if resume_after is not None and path.exists():
+            with path.open(newline="") as fh:
+                reader = csv.DictReader(fh)
+                self.columns = list(reader.fieldnames or []) or None
+                kept = [r for r in reader if int(r["iteration"]) <= resume_after]
+        self.fh = path.open("w", newline="")
+        self.writer: csv.DictWriter | None = None
+        if self.columns:
+            self._start(self.columns)
+            for row in kept:
+                self.writer.writerow(row)  # type: ignore[union-attr]
+            self.fh.flush()
+
+    def _start(self, columns: list[str]) -> None:
+        self.columns = columns
+        self.writer = csv.DictWriter(self.fh, fieldnames=columns, extrasaction="ignore")
+        self.writer.writeheader()
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Write one iteration's row (columns fixed by the first row written)."""
+        if self.writer is None:
+            first = [c for c in FIRST if c in row]
+            self._start(first + sorted(c for c in row if c not in first))
+        self.writer.writerow({k: _fmt(v) for k, v in row.items()})  # type: ignore[union-attr]
+        self.fh.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self.fh.close()
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"
+    return value
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """Write ``summary.json`` (NaN written as null)."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    path.write_text(json.dumps(clean, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,93 @@
+"""PPO on gymnasium envs (CleanRL-equivalent maths), as fragments any distribution can place.
+
+Run: ``daskrl train graphs/ppo.py --env CartPole-v1 --steps 500000``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from daskrl import Algorithm, Resources
+from daskrl.algos.actor_critic import ActorCriticLearner, VecEnvActor, evaluate_policy
+from daskrl.algos.ppo import PPOHyper
+from daskrl.envs import make_vector_env, space_dims
+
+
+def _help(text: str, default: object) -> object:
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class Config:
+    """PPO settings; each field is a ``--flag`` of ``daskrl train graphs/ppo.py``."""
+
+    env: str = _help("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    num_actors: int = _help("actor replicas (each with its own envs)", 1)
+    num_envs: int = _help("envs per actor replica", 8)
+    num_steps: int = _help("steps per env per rollout", 128)
+    update_epochs: int = _help("passes over each batch", 4)
+    num_minibatches: int = _help("minibatches per epoch", 4)
+    minibatch_size: int = _help("minibatch size; overrides --num-minibatches when > 0", 0)
+    learning_rate: float = _help("Adam learning rate", 2.5e-4)
+    anneal_lr: bool = _help("anneal the learning rate linearly to 0", True)
+    gamma: float = _help("discount factor", 0.99)
+    gae_lambda: float = _help("GAE lambda", 0.95)
+    clip_coef: float = _help("surrogate clipping coefficient", 0.2)
+    ent_coef: float = _help("entropy bonus coefficient", 0.01)
+    vf_coef: float = _help("value loss coefficient", 0.5)
+    max_grad_norm: float = _help("gradient-norm clip", 0.5)
+    hidden: int = _help("hidden units in each of the two layers", 64)
+    eval_episodes: int = _help("greedy episodes in the final evaluation", 10)
+
+    def hyper(self) -> PPOHyper:
+        """The update settings, with ``--minibatch-size`` turned into a minibatch count."""
+        batch = self.num_actors * self.num_envs * self.num_steps
+        num_mb = max(1, batch // self.minibatch_size) if self.minibatch_size > 0 else (
+            self.num_minibatches)
+        return PPOHyper(
+            update_epochs=self.update_epochs, num_minibatches=num_mb,
+            learning_rate=self.learning_rate, anneal_lr=self.anneal_lr,
+            clip_coef=self.clip_coef, ent_coef=self.ent_coef, vf_coef=self.vf_coef,
+            max_grad_norm=self.max_grad_norm,
+        )
+
+
+def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
+                 ) -> ActorCriticLearner:
+    """Role ``learner``: the network and optimiser, on ``device``."""
+    return ActorCriticLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(),
+                              device)
+
+
+def make_actor(config: Config, seed: int) -> VecEnvActor:
+    """Role ``rollout``: one replica's envs and policy copy."""
+    return VecEnvActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
+                       config.gae_lambda)
+
+
+def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+    """Role ``evaluate``: greedy episodes on fresh envs."""
+    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2)
+
+
+def build(config: Config) -> Algorithm:
+    """PPO as an :class:`~daskrl.Algorithm`; the distribution decides where each role runs."""
+    probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
+    obs_dim, num_actions = space_dims(probe)
+    probe.close()
+    return Algorithm(
+        name="ppo",
+        make_actor=partial(make_actor, config),
+        make_learner=partial(make_learner, config, obs_dim, num_actions),
+        evaluate=partial(evaluate, config),
+        num_steps=config.num_steps,
+        num_envs=config.num_envs,
+        num_actors=config.num_actors,
+        resources={
+            "rollout": Resources(cpu=1),
+            "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
+            "evaluate": Resources(cpu=1),
+        },
+        env_id=config.env,
+    )
