@@ -103,11 +103,11 @@ def plan_placement(
         role, res, replicas = frag.role, frag.resources, frag.replicas
         try:
             use = res.resolve(workers)
-        except ValueError as exc:
+        except ValueError:
             raise ValueError(
-                f"fragment {role!r} needs {res} but {exc.args[0].removeprefix('no worker offers ')}"
-                f" is offered by no worker (workers: {offered}); start a worker with "
-                f"`dask worker --resources ...`, or change it with --resources {role}=KEY:N"
+                f"fragment {role!r} needs {res}, which no worker offers (workers: {offered}); "
+                f"start a worker with `dask worker --resources \"KEY=N\"`, or change the "
+                f"fragment's resources with --resources {role}=KEY:N"
             ) from None
         fits = sorted(n for n, r in workers.items() if use.satisfied_by(r))
         if not use.gpu:

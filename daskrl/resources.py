@@ -136,5 +136,8 @@ def parse_role_resources(items: list[str]) -> dict[str, Resources]:
             raise ValueError(
                 f"malformed --resources {item!r}: write ROLE=KEY:N[,KEY:N], e.g. learner=GPU:1"
             )
-        out[role.strip()] = parse_resources(spec)
+        try:
+            out[role.strip()] = parse_resources(spec)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--resources {item!r}: {exc}") from None
     return out

@@ -112,7 +112,8 @@ def _dense_chunk(
 
 
 def dense_pass(
-    ent: Tensor,
+    pos: Tensor,
+    lm: Tensor,
     c: TagConstants,
     k: int | None,
     kl: int | None,
@@ -122,8 +123,8 @@ def dense_pass(
 
     Parameters
     ----------
-    ent : Tensor
-        ``[E, A + L, 2]`` positions, agents first.
+    pos, lm : Tensor
+        ``[E, A, 2]`` agent and ``[E, L, 2]`` obstacle positions.
     c : TagConstants
         World constants.
     k, kl : int or None
@@ -142,6 +143,7 @@ def dense_pass(
     --------
     >>> # see marl.simple_tag.SimpleTag, which builds the constants
     """
+    ent = torch.cat((pos, lm), dim=1)
     e, n, _ = ent.shape
     per_env = c.num_agents * n
     step = max(1, chunk_elems // max(per_env, 1))

@@ -97,10 +97,10 @@ def make_layout(
     )
 
 
-def _gather_rows(src: Tensor, idx: Tensor, offset: int = 0) -> Tensor:
-    """``out[e, a, j] = src[e, offset + idx[e, a, j]]`` for ``src`` of shape [E, R, 2]."""
+def _gather_rows(src: Tensor, idx: Tensor) -> Tensor:
+    """``out[e, a, j] = src[e, idx[e, a, j]]`` for ``src`` of shape [E, R, 2]."""
     e, r, _ = src.shape
-    base = torch.arange(e, device=src.device).mul_(r).add_(offset).view(e, 1, 1)
+    base = torch.arange(e, device=src.device).mul_(r).view(e, 1, 1)
     return src.reshape(e * r, 2)[idx + base]
 
 
@@ -114,18 +114,18 @@ def _pad(x: Tensor, slots: int) -> Tensor:
 
 
 def observe(
-    ent: Tensor, vel_ext: Tensor, res: PassResult, c: TagConstants, lay: ObsLayout
+    pos: Tensor, vel: Tensor, lm: Tensor, res: PassResult, c: TagConstants, lay: ObsLayout
 ) -> Tensor:
-    """Assemble the padded observation tensor ``[E, A, obs_dim]``.
+    """Assemble the padded observation tensor ``[E, A, obs_dim]`` by gathering.
 
     Parameters
     ----------
-    ent : Tensor
-        ``[E, A + L, 2]`` positions, agents first.
-    vel_ext : Tensor
-        ``[E, A + 1, 2]`` agent velocities followed by one zero row.
+    pos, vel : Tensor
+        ``[E, A, 2]`` agent positions and velocities.
+    lm : Tensor
+        ``[E, L, 2]`` obstacle positions.
     res : PassResult
-        Pairwise pass on ``ent`` (neighbour indices under partial observability).
+        Pairwise pass on ``pos`` (neighbour indices under partial observability).
     c : TagConstants
         World constants.
     lay : ObsLayout
@@ -137,27 +137,26 @@ def observe(
         Observations; the tail beyond ``lay.obs_dims[a]`` is zero.
     """
     a = c.num_agents
-    e = ent.shape[0]
-    pos = ent[:, :a]
-    vel = vel_ext[:, :a]
+    e = pos.shape[0]
     me = pos.unsqueeze(2)
     if lay.kl is None:
-        lm = ent[:, None, a:, :] - me
+        rel_lm = lm.unsqueeze(1) - me
     elif lay.kl_eff > 0 and res.landmark_idx is not None:
-        lm = _gather_rows(ent, res.landmark_idx, offset=a) - me
+        rel_lm = _gather_rows(lm, res.landmark_idx) - me
     else:
-        lm = ent.new_zeros(e, a, 0, 2)
-    parts = [vel, pos, _pad(lm, c.num_landmarks if lay.kl is None else lay.kl)]
+        rel_lm = pos.new_zeros(e, a, 0, 2)
+    parts = [vel, pos, _pad(rel_lm, c.num_landmarks if lay.kl is None else lay.kl)]
     if lay.k is None:
         rel = pos[:, lay.others.reshape(-1)].view(e, a, a - 1, 2) - me
-        gv = vel_ext[:, lay.good_others.reshape(-1)].view(e, a, -1, 2)
+        vel_ext = torch.cat((vel, vel.new_zeros(e, 1, 2)), dim=1)
+        gv = vel_ext[:, lay.good_others.reshape(-1)]
         parts += [rel.reshape(e, a, -1), gv.reshape(e, a, -1)]
     else:
         if lay.k_eff > 0 and res.agent_idx is not None:
             idx = res.agent_idx
-            rel = _gather_rows(ent, idx) - me
-            nv = _gather_rows(vel_ext, idx) * c.is_good[idx].unsqueeze(-1)
+            rel = _gather_rows(pos, idx) - me
+            nv = _gather_rows(vel, idx) * c.is_good[idx].unsqueeze(-1)
         else:
-            rel = nv = ent.new_zeros(e, a, 0, 2)
+            rel = nv = pos.new_zeros(e, a, 0, 2)
         parts += [_pad(rel, lay.k), _pad(nv, lay.k)]
     return torch.cat(parts, dim=-1)

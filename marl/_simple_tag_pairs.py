@@ -1,0 +1,161 @@
+"""Small-team engine of :class:`marl.simple_tag.SimpleTag`: pair lists as matrices.
+
+For a handful of agents per environment every quantity of a step is a linear
+map of the flattened state followed by elementwise work on contiguous
+``[E, P]`` tensors (``P`` unordered agent-agent and agent-obstacle pairs):
+
+* relative positions of all pairs: ``pos_flat @ Mp + lm_flat @ Ml`` (the
+  obstacle term is constant within an episode and cached);
+* contact-force sums: ``(coef * dx) @ G`` with ``G`` in ``{-1, 0, +1}``;
+* collision counts: ``touch @ H`` with ``H`` in ``{0, 1}``;
+* full observations: ``pos_flat @ Wp + vel_flat @ Wv + lm_flat @ Wl``.
+
+The matrices hold only ``-1``, ``0`` and ``+1`` and every output is a single
+entry or the difference of two, so the products are exact (the same rounding as
+a subtraction) whatever the summation order, provided float32 matrix products
+run at full precision (``torch.get_float32_matmul_precision() == "highest"``,
+the default).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn.functional import softplus
+
+from marl._simple_tag_kernels import PassResult, TagConstants
+from marl._simple_tag_obs import ObsLayout
+
+
+class PairEngine:
+    """Pairwise pass and full observations for small teams via 0/±1 matrices.
+
+    Parameters
+    ----------
+    c : TagConstants
+        World constants.
+    lay : ObsLayout
+        Observation layout (full observations use :meth:`observe`).
+
+    Examples
+    --------
+    >>> # built by marl.simple_tag.SimpleTag(neighbor_method="pairs")
+    """
+
+    def __init__(self, c: TagConstants, lay: ObsLayout) -> None:
+        a, nl = c.num_agents, c.num_landmarks
+        dev, dt = c.accel.device, c.accel.dtype
+        pairs = [(i, j) for i in range(a) for j in range(i + 1, a)]
+        pairs += [(i, a + m) for i in range(a) for m in range(nl)]
+        self.num_pairs = p = len(pairs)
+        self.c, self.lay = c, lay
+        mp = torch.zeros(2 * a, 2 * p, dtype=dt)  # columns: dx of each pair, then dy
+        ml = torch.zeros(max(2 * nl, 1), 2 * p, dtype=dt)
+        g = torch.zeros(p, a, dtype=dt)
+        dmin = torch.zeros(p, dtype=dt)
+        opp = []
+        for col, (i, j) in enumerate(pairs):
+            for ax in range(2):
+                mp[2 * i + ax, ax * p + col] = -1.0
+                if j < a:
+                    mp[2 * j + ax, ax * p + col] = 1.0
+                else:
+                    ml[2 * (j - a) + ax, ax * p + col] = 1.0
+            g[col, i] = -1.0
+            if j < a:
+                g[col, j] = 1.0
+                if bool(c.is_good[i]) != bool(c.is_good[j]):
+                    opp.append(col)
+            dmin[col] = c.dist_min[i, j]
+        self.mp, self.ml, self.g = mp.to(dev), ml.to(dev), g.to(dev)
+        self.dmin_scaled = (dmin / c.contact_margin).to(dev)
+        self.opp = torch.tensor(opp, dtype=torch.long, device=dev)
+        self.opp_dmin = dmin[self.opp.cpu()].to(dev)
+        self.h = g[self.opp.cpu()].abs().to(dev)
+        # ordered (agent, other agent) -> pair column, for the nearest-k search
+        col_of = {}
+        for col, (i, j) in enumerate(pairs):
+            col_of[(i, j)] = col_of[(j, i)] = col
+        self.ordered = torch.tensor(
+            [col_of[(i, int(o))] for i in range(a) for o in lay.others[i].tolist()],
+            dtype=torch.long,
+            device=dev,
+        )
+        self.lm_cols = slice(a * (a - 1) // 2, p)
+        self._build_obs_maps(dev, dt)
+
+    def _build_obs_maps(self, dev: torch.device, dt: torch.dtype) -> None:
+        c, lay = self.c, self.lay
+        a, nl, d = c.num_agents, c.num_landmarks, lay.obs_dim
+        wp = torch.zeros(2 * a, a * d, dtype=dt)
+        wv = torch.zeros(2 * a, a * d, dtype=dt)
+        wl = torch.zeros(max(2 * nl, 1), a * d, dtype=dt)
+        for i in range(a):
+            base = i * d
+            for ax in range(2):
+                wv[2 * i + ax, base + ax] = 1.0
+                wp[2 * i + ax, base + 2 + ax] = 1.0
+            col = base + 4
+            if lay.kl is None:
+                for m in range(nl):
+                    for ax in range(2):
+                        wl[2 * m + ax, col + ax] = 1.0
+                        wp[2 * i + ax, col + ax] = -1.0
+                    col += 2
+            for o in lay.others[i].tolist():
+                for ax in range(2):
+                    wp[2 * o + ax, col + ax] = 1.0
+                    wp[2 * i + ax, col + ax] = -1.0
+                col += 2
+            for o in lay.good_others[i].tolist():
+                if o < a:
+                    for ax in range(2):
+                        wv[2 * o + ax, col + ax] = 1.0
+                col += 2
+        self.wp, self.wv, self.wl = wp.to(dev), wv.to(dev), wl.to(dev)
+
+    def landmark_terms(self, lm: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Cacheable obstacle contributions to pair offsets and observations."""
+        e = lm.shape[0]
+        if self.c.num_landmarks == 0:
+            return lm.new_zeros(e, 2 * self.num_pairs), None
+        lf = lm.reshape(e, -1)
+        obs_l = lf @ self.wl if self.lay.k is None and self.lay.kl is None else None
+        return lf @ self.ml, obs_l
+
+    def pass_(self, pos: Tensor, lm_term: Tensor) -> PassResult:
+        """Pairwise pass for agent positions ``pos`` ``[E, A, 2]``.
+
+        Returns forces, collision counts and, under partial observability, the
+        nearest-neighbour indices (see :class:`~marl._simple_tag_kernels.PassResult`).
+        """
+        c, lay = self.c, self.lay
+        e, a, _ = pos.shape
+        p = self.num_pairs
+        dxy = torch.addmm(lm_term, pos.reshape(e, 2 * a), self.mp)
+        sq = dxy.square()
+        dist = (sq[:, :p] + sq[:, p:]).sqrt_()
+        z = torch.addcdiv(self.dmin_scaled, dist, dist.new_full((), -c.contact_margin))
+        coef = softplus(z).mul_(c.contact_margin * c.contact_force).div_(dist)
+        w = dxy.view(e, 2, p) * coef.unsqueeze(1)
+        force = torch.stack((w[:, 0] @ self.g, w[:, 1] @ self.g), dim=-1)
+        touch = (dist[:, self.opp] < self.opp_dmin).to(pos.dtype)
+        caught = (touch @ self.h).round_().long()
+        agent_idx = landmark_idx = None
+        if lay.k is not None and lay.k_eff > 0:
+            d_ord = dist[:, self.ordered].view(e, a, a - 1)
+            local = d_ord.topk(lay.k_eff, dim=-1, largest=False, sorted=True).indices
+            agent_idx = lay.others[torch.arange(a, device=pos.device)[:, None], local]
+        if lay.kl is not None and lay.kl_eff > 0:
+            d_lm = dist[:, self.lm_cols].reshape(e, a, c.num_landmarks)
+            landmark_idx = d_lm.topk(lay.kl_eff, dim=-1, largest=False, sorted=True).indices
+        return PassResult(force, caught, agent_idx, landmark_idx)
+
+    def observe(self, pos: Tensor, vel: Tensor, obs_l: Tensor | None) -> Tensor:
+        """Full observations ``[E, A, obs_dim]`` as two matrix products."""
+        e, a, _ = pos.shape
+        out = pos.reshape(e, 2 * a) @ self.wp
+        if obs_l is not None:
+            out += obs_l
+        out.addmm_(vel.reshape(e, 2 * a), self.wv)
+        return out.view(e, a, self.lay.obs_dim)
