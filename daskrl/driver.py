@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 import uuid
 from collections import deque
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from distributed import Client, Future
+from distributed.client import FutureCancelledError
+from distributed.scheduler import KilledWorker
 
 from . import roles
 from .algorithm import Algorithm, LearnerOutput
@@ -21,6 +25,8 @@ from .fragment import Fragment
 from .graph import Placement, plan_placement, task
 from .metrics import MetricsWriter, write_summary
 from .state import drop_run
+
+_LOST = (FutureCancelledError, KilledWorker)
 
 
 @dataclass
@@ -33,7 +39,8 @@ class RunSettings:
     resume: bool = False
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
-    lookahead: int = 2
+    lookahead: int = 4
+    max_recoveries: int = 3
     eval: bool = True
     progress: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
@@ -65,67 +72,65 @@ def train(
     """Train ``algo`` under ``distribution`` on ``client``'s cluster; return the summary.
 
     Writes ``metrics.csv``, ``summary.json`` and ``checkpoints/`` under ``settings.out``.
-    Iteration ``k+1`` is submitted while ``k`` runs (``lookahead``), so the scheduler never
-    waits for the driver; on Ctrl-C the last finished iteration is checkpointed.
+    Up to ``lookahead`` iterations are in flight, each taking the previous one's learner
+    output as a future, so the scheduler never waits for the driver. Every ``lookahead``
+    iterations the chain restarts from data the driver holds, which bounds the lineage Dask
+    keeps (and would recompute after a worker loss). If an iteration is lost with a worker,
+    the driver resubmits it from the last finished one; on Ctrl-C that one is checkpointed.
     """
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     placement = place(client, algo, distribution)
-    learner_in, start_iter, counters = initial_output(algo, settings)
+    last_done, start_iter, counters = initial_output(algo, settings)
     num_iterations = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
     run = uuid.uuid4().hex[:8]
-    resume_after = start_iter if settings.resume else None
-    writer = MetricsWriter(out / "metrics.csv", resume_after=resume_after)
-    env_steps = int(counters.get("env_steps", 0))
-    wall_before = float(counters.get("wall_s", 0.0))
-    bar = _progress(settings.progress, num_iterations, start_iter)
+    depth = max(1, settings.lookahead)
+    recorder = _Recorder(settings, num_iterations, start_iter, counters)
     pending: deque[tuple[int, Future]] = deque()
-    last_done: LearnerOutput = learner_in
-    last_end: float | None = None
-    overheads: list[float] = []
-    t0 = time.perf_counter()
-    k = start_iter
+    learner_in: Any = None
+    k = base = start_iter
+    recoveries = 0
     try:
         while k < num_iterations or pending:
-            while k < num_iterations and len(pending) < max(1, settings.lookahead):
+            while k < num_iterations and len(pending) < depth and (k - base < depth or k == base):
+                if k == base:  # restart the chain from data: no lineage behind it
+                    learner_in = client.scatter(last_done, hash=False,
+                                                workers=[placement.worker("learner", 0)])
                 inputs = IterationInputs(algo, placement, run, settings.seed, k, num_iterations,
                                          learner_in)
                 learner_in = client.compute(distribution.iteration(inputs))
                 pending.append((k, learner_in))
                 k += 1
             it, fut = pending.popleft()
-            last_done = fut.result()
-            m = dict(last_done.metrics)
-            env_steps += m.get("env_steps", 0)
-            wall = wall_before + time.perf_counter() - t0
-            end = m.get("learn_t_end", 0.0)
-            iter_s = end - (last_end if last_end is not None else m.get("rollout_t_start", end))
-            inside = m.get("rollout_s", 0.0) + end - m.get("learn_t_start", end)
-            last_end = end
-            if it > start_iter:  # the first iteration also pays for worker start-up
-                overheads.append(max(0.0, iter_s - inside) / iter_s if iter_s > 0 else 0.0)
-            row = {"iteration": it + 1, "env_steps": env_steps, "wall_s": wall,
-                   "env_steps_per_s": env_steps / wall if wall > 0 else 0.0,
-                   "iteration_s": iter_s, "overhead_s": iter_s - inside,
-                   **{k: v for k, v in m.items() if not k.endswith(("_t_start", "_t_end"))}}
-            writer.write(row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(steps=env_steps, sps=f"{row['env_steps_per_s']:.0f}",
-                                ret=f"{m.get('episode_return_mean', float('nan')):.1f}")
-            counters = {"env_steps": env_steps, "wall_s": wall}
+            try:
+                last_done = fut.result()
+            except (CancelledError, *_LOST) as exc:
+                recoveries += 1
+                if recoveries > settings.max_recoveries:
+                    raise RuntimeError(
+                        f"iteration {it + 1} was lost {recoveries} times ({exc!r}); giving up "
+                        "- check the workers' logs") from exc
+                print(f"daskrl: iteration {it + 1} lost ({type(exc).__name__}); resubmitting "
+                      "from the last finished iteration", file=sys.stderr)
+                for _, other in pending:
+                    other.cancel()
+                pending.clear()
+                k = base = it
+                continue
+            recorder.record(it, last_done)
+            if not pending:
+                base = k  # the chain is drained: restart it from the driver's copy
             if (it + 1) % settings.checkpoint_every == 0:
-                _checkpoint(settings, last_done, counters)
+                _checkpoint(settings, last_done, recorder.counters)
     except KeyboardInterrupt:
         for _, fut in pending:
             fut.cancel()
-        _checkpoint(settings, last_done, counters)
+        _checkpoint(settings, last_done, recorder.counters)
         raise
     finally:
-        writer.close()
-        if bar is not None:
-            bar.close()
-    wall = wall_before + time.perf_counter() - t0
+        recorder.close()
+    env_steps, overheads, counters = recorder.env_steps, recorder.overheads, recorder.counters
+    wall = counters["wall_s"]
     _checkpoint(settings, last_done, counters)
     summary: dict[str, Any] = {
         **settings.meta,
@@ -151,6 +156,51 @@ def train(
     client.run(drop_run, run)
     write_summary(out / "summary.json", summary)
     return summary
+
+
+class _Recorder:
+    """Turns each finished iteration into a metrics row, progress and counters."""
+
+    def __init__(self, settings: RunSettings, total: int, start: int, counters: dict) -> None:
+        resume_after = start if settings.resume else None
+        self.writer = MetricsWriter(settings.out / "metrics.csv", resume_after=resume_after)
+        self.env_steps = int(counters.get("env_steps", 0))
+        self.wall_before = float(counters.get("wall_s", 0.0))
+        self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before}
+        self.bar = _progress(settings.progress, total, start)
+        self.start = start
+        self.last_end: float | None = None
+        self.overheads: list[float] = []
+        self.t0 = time.perf_counter()
+
+    def record(self, it: int, output: LearnerOutput) -> None:
+        """Write iteration ``it``'s row; its wall time runs from the previous learner's end."""
+        m = output.metrics
+        self.env_steps += m.get("env_steps", 0)
+        wall = self.wall_before + time.perf_counter() - self.t0
+        end = m.get("learn_t_end", 0.0)
+        begin = self.last_end if self.last_end is not None else m.get("rollout_t_start", end)
+        iter_s = end - begin
+        inside = m.get("rollout_s", 0.0) + end - m.get("learn_t_start", end)
+        self.last_end = end
+        if it > self.start:  # the first iteration also pays for worker start-up
+            self.overheads.append(max(0.0, iter_s - inside) / iter_s if iter_s > 0 else 0.0)
+        row = {"iteration": it + 1, "env_steps": self.env_steps, "wall_s": wall,
+               "env_steps_per_s": self.env_steps / wall if wall > 0 else 0.0,
+               "iteration_s": iter_s, "overhead_s": iter_s - inside,
+               **{key: v for key, v in m.items() if not key.endswith(("_t_start", "_t_end"))}}
+        self.writer.write(row)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(steps=self.env_steps, sps=f"{row['env_steps_per_s']:.0f}",
+                                 ret=f"{m.get('episode_return_mean', float('nan')):.1f}")
+        self.counters = {"env_steps": self.env_steps, "wall_s": wall}
+
+    def close(self) -> None:
+        """Close the CSV and the progress bar."""
+        self.writer.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _checkpoint(settings: RunSettings, output: LearnerOutput, counters: dict[str, float]) -> None:

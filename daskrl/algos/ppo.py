@@ -171,25 +171,29 @@ def ppo_update(
     n = len(data["obs"])
     mb_size = max(1, -(-n // hp.num_minibatches))
     params = [p for p in net.parameters() if p.requires_grad]
-    sums: dict[str, torch.Tensor] = {}
+    names: list[str] = []
+    total: torch.Tensor | None = None
     count = 0
     for _ in range(hp.update_epochs):
         perm = torch.randperm(n, generator=generator).to(device)
+        shuffled = {k: v[perm] for k, v in data.items()}  # minibatches are then views
         for start in range(0, n, mb_size):
-            idx = perm[start : start + mb_size]
-            loss, parts = ppo_loss(net, {k: v[idx] for k, v in data.items()}, hp)
+            loss, parts = ppo_loss(net, {k: v[start : start + mb_size] for k, v in
+                                         shuffled.items()}, hp)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if grad_hook is not None:
                 grad_hook([p.grad for p in params])
             nn.utils.clip_grad_norm_(params, hp.max_grad_norm)
             optimizer.step()
-            for k, v in parts.items():
-                sums[k] = sums.get(k, 0) + v
+            names = list(parts)
+            stacked = torch.stack(list(parts.values()))
+            total = stacked if total is None else total + stacked
             count += 1
         if hp.target_kl is not None and float(parts["losses/approx_kl"]) > hp.target_kl:
             break
-    out = {k: float(v) / count for k, v in sums.items()}
+    assert total is not None
+    out = dict(zip(names, (total / count).tolist()))
     y, v = data["returns"], data["values"]
     var_y = torch.var(y) if n > 1 else torch.tensor(0.0)
     out["losses/explained_variance"] = float("nan") if var_y == 0 else float(
