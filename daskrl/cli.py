@@ -85,6 +85,12 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                        help="worker processes of the embedded cluster (default: 2)")
     train.add_argument("--scheduler", default=None,
                        help="address of an existing Dask scheduler (default: embedded cluster)")
+    train.add_argument("--tls", action="store_true",
+                       help="encrypt comms: temporary credentials for the embedded cluster, or "
+                            "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")
+    train.add_argument("--tls-ca-file", default=None, help="CA certificate (PEM)")
+    train.add_argument("--tls-cert", default=None, help="client certificate (PEM)")
+    train.add_argument("--tls-key", default=None, help="client private key (PEM)")
     train.add_argument("--resources", action="append", default=[], metavar="ROLE=KEY:N[,KEY:N]",
                        help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
     train.add_argument("--out", type=Path, default=None,
@@ -111,7 +117,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     """Run ``daskrl train``."""
     from distributed import Client
 
-    from .cluster import connect, default_worker_resources, local_cluster
+    from .cluster import connect, default_worker_resources, local_cluster, tls_security
     from .distributions import get_distribution
     from .driver import RunSettings, train
 
@@ -131,9 +137,18 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     cluster = None
     try:
         if args.scheduler:
-            client = connect(args.scheduler)
+            security = None
+            if args.tls:
+                if not (args.tls_ca_file and args.tls_cert):
+                    raise UserError("--tls with --scheduler needs --tls-ca-file and --tls-cert "
+                                    "(and --tls-key unless the cert file holds the key)")
+                try:
+                    security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+                except ValueError as exc:
+                    raise UserError(str(exc)) from None
+            client = connect(args.scheduler, security=security)
         else:
-            cluster = local_cluster(default_worker_resources(args.workers))
+            cluster = local_cluster(default_worker_resources(args.workers), security=args.tls)
             client = Client(cluster)
         print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
         settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
@@ -142,7 +157,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
                                meta={"graph": args.graph, "config": dataclasses.asdict(config)})
         try:
             summary = train(client, algo, distribution, settings)
-        except ValueError as exc:
+        except (ValueError, FloatingPointError) as exc:
             raise UserError(str(exc)) from None
         finally:
             client.close()

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 import dask
-from distributed import Client, LocalCluster, Nanny, Worker
+from distributed import Client, LocalCluster, Nanny, Security, Worker
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
@@ -22,7 +22,6 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     dask.config.set({
         "distributed.scheduler.no-workers-timeout": no_workers_timeout,
         "optimization.fuse.delayed": False,
-        "distributed.worker.daemon": False,
     })
 
 
@@ -90,11 +89,25 @@ def _visible_gpus() -> int:
         return 0
 
 
-def connect(address: str, timeout: float = 10.0) -> Client:
+def tls_security(ca_file: str, cert: str, key: str | None = None) -> Security:
+    """Client credentials for a scheduler that requires TLS (``tls://`` addresses).
+
+    Examples
+    --------
+    >>> tls_security("ca.pem", "client.pem", "client.key")  # doctest: +SKIP
+    """
+    for label, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key)):
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{label} {path!r}: no such file")
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    require_encryption=True)
+
+
+def connect(address: str, timeout: float = 10.0, security: Security | None = None) -> Client:
     """A client of the scheduler at ``address``; raises ``ConnectionError`` naming it."""
     configure_dask()
     try:
-        return Client(address, timeout=timeout)
+        return Client(address, timeout=timeout, security=security)
     except (OSError, TimeoutError) as exc:
         raise ConnectionError(
             f"cannot reach the Dask scheduler at {address!r} within {timeout:g}s ({exc}); "

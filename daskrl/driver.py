@@ -117,6 +117,7 @@ def train(
                 pending.clear()
                 k = base = it
                 continue
+            _check_finite(it, last_done, settings.out)
             recorder.record(it, last_done)
             if not pending:
                 base = k  # the chain is drained: restart it from the driver's copy
@@ -156,6 +157,18 @@ def train(
     client.run(drop_run, run)
     write_summary(out / "summary.json", summary)
     return summary
+
+
+def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:
+    """Stop on a NaN/inf loss before it reaches a checkpoint."""
+    bad = {k: v for k, v in output.metrics.items()
+           if k.startswith("losses/") and isinstance(v, float) and not math.isfinite(v)
+           and k != "losses/explained_variance"}
+    if bad:
+        raise FloatingPointError(
+            f"iteration {it + 1}: non-finite loss {bad}; training stopped and the last good "
+            f"checkpoint is kept in {out / 'checkpoints'} - lower --learning-rate or "
+            "--max-grad-norm, or check the env's rewards for NaN/inf")
 
 
 class _Recorder:

@@ -193,7 +193,7 @@ def ppo_update(
         if hp.target_kl is not None and float(parts["losses/approx_kl"]) > hp.target_kl:
             break
     assert total is not None
-    out = dict(zip(names, (total / count).tolist()))
+    out = dict(zip(names, (total / count).tolist(), strict=True))
     y, v = data["returns"], data["values"]
     var_y = torch.var(y) if n > 1 else torch.tensor(0.0)
     out["losses/explained_variance"] = float("nan") if var_y == 0 else float(
