@@ -103,6 +103,10 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                        help="no progress bar")
     if graph_module is not None:
         add_config_flags(train, graph_module.Config)
+    plot = sub.add_parser("plot", help="learning-curve PNGs of a run folder",
+                          description="Write returns.png, speed.png and losses.png for a run.")
+    plot.add_argument("run_dir", type=Path, help="the --out folder of a training run")
+    plot.add_argument("--out", type=Path, default=None, help="where to write (default: run_dir)")
     return parser
 
 
@@ -181,6 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser(module).parse_args(argv)
         if args.command == "train":
             return cmd_train(args, module)
+        if args.command == "plot":
+            from .plot import plot_run
+
+            try:
+                for path in plot_run(args.run_dir, args.out):
+                    print(f"wrote {path}")
+            except (FileNotFoundError, ValueError) as exc:
+                raise UserError(str(exc)) from None
     except UserError as exc:
         print(f"daskrl: error: {exc}", file=sys.stderr)
         return 2

@@ -41,6 +41,7 @@ class RunSettings:
     keep_checkpoints: int = 3
     lookahead: int = 4
     max_recoveries: int = 3
+    tensorboard: bool = True
     eval: bool = True
     progress: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
@@ -176,7 +177,8 @@ class _Recorder:
 
     def __init__(self, settings: RunSettings, total: int, start: int, counters: dict) -> None:
         resume_after = start if settings.resume else None
-        self.writer = MetricsWriter(settings.out / "metrics.csv", resume_after=resume_after)
+        self.writer = MetricsWriter(settings.out / "metrics.csv", resume_after=resume_after,
+                                    tensorboard=settings.tensorboard)
         self.env_steps = int(counters.get("env_steps", 0))
         self.wall_before = float(counters.get("wall_s", 0.0))
         self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before}
@@ -198,10 +200,11 @@ class _Recorder:
         self.last_end = end
         if it > self.start:  # the first iteration also pays for worker start-up
             self.overheads.append(max(0.0, iter_s - inside) / iter_s if iter_s > 0 else 0.0)
-        row = {"iteration": it + 1, "env_steps": self.env_steps, "wall_s": wall,
-               "env_steps_per_s": self.env_steps / wall if wall > 0 else 0.0,
-               "iteration_s": iter_s, "overhead_s": iter_s - inside,
-               **{key: v for key, v in m.items() if not key.endswith(("_t_start", "_t_end"))}}
+        row = {key: v for key, v in m.items() if not key.endswith(("_t_start", "_t_end"))}
+        row["iteration_env_steps"] = row.pop("env_steps", 0)
+        row.update(iteration=it + 1, env_steps=self.env_steps, wall_s=wall,
+                   env_steps_per_s=self.env_steps / wall if wall > 0 else 0.0,
+                   iteration_s=iter_s, overhead_s=iter_s - inside)
         self.writer.write(row)
         if self.bar is not None:
             self.bar.update(1)

@@ -15,7 +15,9 @@ class MetricsWriter:
     """Append-only CSV of per-iteration metrics, flushed after every row.
 
     On resume, rows after the checkpoint's iteration are dropped first, so the file stays
-    contiguous with no duplicate iterations.
+    contiguous with no duplicate iterations. With ``tensorboard=True`` (and the
+    ``tensorboard`` package installed) numeric columns also go to TensorBoard event files
+    under ``<folder>/tb``, stepped by env steps.
 
     Examples
     --------
@@ -25,8 +27,10 @@ class MetricsWriter:
     'iteration,env_steps,loss'
     """
 
-    def __init__(self, path: Path, resume_after: int | None = None) -> None:
+    def __init__(self, path: Path, resume_after: int | None = None,
+                 tensorboard: bool = False) -> None:
         self.path = path
+        self.tb = _tensorboard(path.parent / "tb") if tensorboard else None
         self.columns: list[str] | None = None
         kept: list[dict[str, str]] = []
         if resume_after is not None and path.exists():
@@ -54,10 +58,25 @@ class MetricsWriter:
             self._start(first + sorted(c for c in row if c not in first))
         self.writer.writerow({k: _fmt(v) for k, v in row.items()})  # type: ignore[union-attr]
         self.fh.flush()
+        if self.tb is not None:
+            step = int(row.get("env_steps", row.get("iteration", 0)))
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tb.add_scalar(key if "/" in key else f"charts/{key}", value, step)
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (and the event files)."""
         self.fh.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _tensorboard(folder: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # the tensorboard package is optional
+        return None
+    return SummaryWriter(log_dir=str(folder))
 
 
 def _fmt(value: Any) -> Any:
