@@ -84,7 +84,8 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
     train.add_argument("--workers", type=int, default=2,
                        help="worker processes of the embedded cluster (default: 2)")
     train.add_argument("--scheduler", default=None,
-                       help="address of an existing Dask scheduler (default: embedded cluster)")
+                       help="address of an existing Dask scheduler, or 'sync' to run every "
+                            "task in this process (default: an embedded cluster)")
     train.add_argument("--tls", action="store_true",
                        help="encrypt comms: temporary credentials for the embedded cluster, or "
                             "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")
@@ -117,11 +118,26 @@ def _graph_path(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _security(args: argparse.Namespace) -> Any:
+    if not args.tls:
+        return None
+    from .cluster import tls_security
+
+    if not (args.tls_ca_file and args.tls_cert):
+        raise UserError("--tls with --scheduler needs --tls-ca-file and --tls-cert "
+                        "(and --tls-key unless the cert file holds the key)")
+    try:
+        return tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     """Run ``daskrl train``."""
     from distributed import Client
 
-    from .cluster import connect, default_worker_resources, local_cluster, tls_security
+    from .backend import DaskBackend, SyncBackend
+    from .cluster import connect, default_worker_resources, local_cluster
     from .distributions import get_distribution
     from .driver import RunSettings, train
 
@@ -138,36 +154,33 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     out = args.out or Path("runs") / f"{Path(args.graph).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.resume and not (out / "checkpoints").is_dir():
         raise UserError(f"--resume: no checkpoints under {out}; pass the --out of an earlier run")
-    cluster = None
+    settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
+                           checkpoint_every=args.checkpoint_every, eval=args.eval,
+                           progress=args.progress,
+                           meta={"graph": args.graph, "config": dataclasses.asdict(config)})
+    cluster = client = None
     try:
-        if args.scheduler:
-            security = None
-            if args.tls:
-                if not (args.tls_ca_file and args.tls_cert):
-                    raise UserError("--tls with --scheduler needs --tls-ca-file and --tls-cert "
-                                    "(and --tls-key unless the cert file holds the key)")
-                try:
-                    security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
-                except ValueError as exc:
-                    raise UserError(str(exc)) from None
-            client = connect(args.scheduler, security=security)
+        if args.scheduler == "sync":
+            backend: Any = SyncBackend()
+            print("scheduler: synchronous, in this process (breakpoint() works in fragments)",
+                  file=sys.stderr)
         else:
-            cluster = local_cluster(default_worker_resources(args.workers), security=args.tls)
-            client = Client(cluster)
-        print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
-        settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
-                               checkpoint_every=args.checkpoint_every, eval=args.eval,
-                               progress=args.progress,
-                               meta={"graph": args.graph, "config": dataclasses.asdict(config)})
+            if args.scheduler:
+                client = connect(args.scheduler, security=_security(args))
+            else:
+                cluster = local_cluster(default_worker_resources(args.workers), security=args.tls)
+                client = Client(cluster)
+            backend = DaskBackend(client)
+            print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
         try:
-            summary = train(client, algo, distribution, settings)
+            summary = train(backend, algo, distribution, settings)
         except (ValueError, FloatingPointError) as exc:
             raise UserError(str(exc)) from None
-        finally:
-            client.close()
     except ConnectionError as exc:
         raise UserError(str(exc)) from None
     finally:
+        if client is not None:
+            client.close()
         if cluster is not None:
             cluster.close()
     keys = ("env_steps", "wall_s", "env_steps_per_s", "eval_return_mean")

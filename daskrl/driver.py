@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distributed import Client, Future
+from distributed import Client
 from distributed.client import FutureCancelledError
 from distributed.scheduler import KilledWorker
 
 from . import roles
 from .algorithm import Algorithm, LearnerOutput
+from .backend import Backend, DaskBackend, Handle
 from .checkpoint import load_latest, save_checkpoint
-from .cluster import worker_resources
 from .distributions import Distribution, IterationInputs
 from .fragment import Fragment
 from .graph import Placement, plan_placement, task
@@ -47,12 +47,12 @@ class RunSettings:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def place(client: Client, algo: Algorithm, distribution: Distribution) -> Placement:
+def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Placement:
     """Check every fragment's resources against the workers and pin replicas to names."""
     fragments = distribution.fragments(algo)
     if "evaluate" not in {f.role for f in fragments}:
         fragments.append(Fragment(roles.evaluate, "evaluate", algo.resources_for("evaluate")))
-    return plan_placement(fragments, worker_resources(client))
+    return plan_placement(fragments, backend.workers(fragments))
 
 
 def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutput, int, dict]:
@@ -68,9 +68,12 @@ def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutpu
 
 
 def train(
-    client: Client, algo: Algorithm, distribution: Distribution, settings: RunSettings
+    client: Client | Backend, algo: Algorithm, distribution: Distribution, settings: RunSettings
 ) -> dict[str, Any]:
-    """Train ``algo`` under ``distribution`` on ``client``'s cluster; return the summary.
+    """Train ``algo`` under ``distribution`` on a cluster (or in-process); return the summary.
+
+    ``client`` is a ``distributed.Client`` or a :class:`~daskrl.backend.Backend`
+    (``SyncBackend()`` runs everything in this process).
 
     Writes ``metrics.csv``, ``summary.json`` and ``checkpoints/`` under ``settings.out``.
     Up to ``lookahead`` iterations are in flight, each taking the previous one's learner
@@ -79,15 +82,16 @@ def train(
     keeps (and would recompute after a worker loss). If an iteration is lost with a worker,
     the driver resubmits it from the last finished one; on Ctrl-C that one is checkpointed.
     """
+    backend = DaskBackend(client) if isinstance(client, Client) else client
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
-    placement = place(client, algo, distribution)
+    placement = place(backend, algo, distribution)
     last_done, start_iter, counters = initial_output(algo, settings)
     num_iterations = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
     run = uuid.uuid4().hex[:8]
     depth = max(1, settings.lookahead)
     recorder = _Recorder(settings, num_iterations, start_iter, counters)
-    pending: deque[tuple[int, Future]] = deque()
+    pending: deque[tuple[int, Handle]] = deque()
     learner_in: Any = None
     k = base = start_iter
     recoveries = 0
@@ -95,12 +99,12 @@ def train(
         while k < num_iterations or pending:
             while k < num_iterations and len(pending) < depth and (k - base < depth or k == base):
                 if k == base:  # restart the chain from data: no lineage behind it
-                    learner_in = client.scatter(last_done, hash=False,
-                                                workers=[placement.worker("learner", 0)])
+                    learner_in = backend.scatter(last_done, placement.worker("learner", 0))
                 inputs = IterationInputs(algo, placement, run, settings.seed, k, num_iterations,
                                          learner_in)
-                learner_in = client.compute(distribution.iteration(inputs))
-                pending.append((k, learner_in))
+                handle = backend.submit(distribution.iteration(inputs))
+                learner_in = backend.as_input(handle)
+                pending.append((k, handle))
                 k += 1
             it, fut = pending.popleft()
             try:
@@ -154,8 +158,8 @@ def train(
         ev = task(roles.evaluate, inputs.context("evaluate", 0), algo, last_done, role="evaluate",
                   replica=0, iteration=num_iterations, run=run,
                   resources=placement.resources["evaluate"], worker=placement.worker("evaluate", 0))
-        summary.update(client.compute(ev).result())
-    client.run(drop_run, run)
+        summary.update(backend.submit(ev).result())
+    backend.run_everywhere(drop_run, run)
     write_summary(out / "summary.json", summary)
     return summary
 
