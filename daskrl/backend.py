@@ -6,6 +6,7 @@ iteration graphs in the driver's process, where ``breakpoint()`` inside a fragme
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -47,6 +48,9 @@ class Backend(Protocol):
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` in every worker process."""
 
+    def check_annotations(self, graph: Delayed) -> None:
+        """Raise if the scheduler lost a task's resource annotation."""
+
 
 class DaskBackend:
     """A ``distributed.Client``: tasks run on the cluster's workers."""
@@ -75,6 +79,52 @@ class DaskBackend:
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """``client.run`` on every worker."""
         self.client.run(fn, *args)
+
+    def check_annotations(self, graph: Delayed) -> None:
+        """Compare the scheduler's resource restrictions with the graph's annotations.
+
+        Raises ``RuntimeError`` naming the task when an annotation did not survive
+        submission (which would silently place it on the wrong worker).
+        """
+        expected = expected_restrictions(graph)
+        final = graph.key
+        deadline = time.monotonic() + 10.0
+        seen: dict[Any, dict[str, float]] = {}
+        while final not in seen and time.monotonic() < deadline:  # the graph is still in transit
+            seen = self.client.run_on_scheduler(_scheduler_restrictions, keys=list(expected))
+            if final not in seen:
+                time.sleep(0.01)
+        for key, want in expected.items():
+            if key in seen and seen[key] != {k: float(v) for k, v in want.items()}:
+                raise RuntimeError(
+                    f"task {key!r} was annotated with resources {want} but the scheduler holds "
+                    f"{seen[key]}; keep dask's 'optimization.fuse.delayed' off")
+
+
+def expected_restrictions(graph: Delayed) -> dict[Any, dict[str, float]]:
+    """Task key -> the resources its layer was annotated with.
+
+    Examples
+    --------
+    >>> from dask import annotate, delayed
+    >>> with annotate(resources={"GPU": 1}):
+    ...     d = delayed(abs, pure=False)(-1, dask_key_name="learner-0")
+    >>> expected_restrictions(d)
+    {'learner-0': {'GPU': 1}}
+    """
+    out: dict[Any, dict[str, float]] = {}
+    for layer in graph.__dask_graph__().layers.values():
+        resources = (layer.annotations or {}).get("resources")
+        if resources:
+            for key in layer:
+                out[key] = dict(resources)
+    return out
+
+
+def _scheduler_restrictions(dask_scheduler: Any, keys: list[Any]) -> dict[Any, dict[str, float]]:
+    tasks = dask_scheduler.tasks
+    return {k: {r: float(v) for r, v in (tasks[k].resource_restrictions or {}).items()}
+            for k in keys if k in tasks}
 
 
 class _Done:
@@ -134,3 +184,6 @@ class SyncBackend:
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn`` here."""
         fn(*args)
+
+    def check_annotations(self, graph: Delayed) -> None:
+        """Nothing to check: no scheduler places tasks."""

@@ -102,7 +102,10 @@ def train(
                     learner_in = backend.scatter(last_done, placement.worker("learner", 0))
                 inputs = IterationInputs(algo, placement, run, settings.seed, k, num_iterations,
                                          learner_in)
-                handle = backend.submit(distribution.iteration(inputs))
+                graph = distribution.iteration(inputs)
+                handle = backend.submit(graph)
+                if k == start_iter:
+                    backend.check_annotations(graph)
                 learner_in = backend.as_input(handle)
                 pending.append((k, handle))
                 k += 1

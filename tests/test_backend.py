@@ -1,0 +1,55 @@
+"""Backends: the in-process synchronous one, and the annotation survival check."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from dask import annotate, delayed
+from distributed import Client, Event, LocalCluster
+
+from daskrl.backend import DaskBackend, SyncBackend, expected_restrictions
+from daskrl.fragment import Fragment
+from daskrl.resources import Resources
+
+
+def _wait_then(value: int, event_name: str) -> int:
+    Event(event_name).wait(timeout=30)
+    return value
+
+
+def test_sync_backend_runs_in_this_process() -> None:
+    pid = delayed(os.getpid, pure=True)()
+    assert SyncBackend().submit(pid).result() == os.getpid()
+
+
+def test_sync_backend_offers_what_fragments_ask_but_no_phantom_gpu() -> None:
+    frags = [Fragment(abs, "learner", Resources(gpu=1, fallback=Resources(cpu=2))),
+             Fragment(abs, "rollout", Resources(cpu=1, custom={"fast": 1}))]
+    offered = SyncBackend().workers(frags)["local"]
+    assert offered["CPU"] == 2 and offered["fast"] == 1
+    import torch
+
+    assert ("GPU" in offered) == torch.cuda.is_available()
+
+
+def test_annotation_check_compares_with_the_scheduler() -> None:
+    with LocalCluster(n_workers=1, processes=False, resources={"CPU": 1, "GPU": 1},
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        event = Event("release-ann-test", client=client)
+        with annotate(resources={"GPU": 1}):
+            blocked = delayed(_wait_then, pure=False)(1, "release-ann-test",
+                                                      dask_key_name="learner-0-it0-t")
+        with annotate(resources={"CPU": 1}):
+            graph = delayed(abs, pure=False)(blocked, dask_key_name="rollout-0-it0-t")
+        assert expected_restrictions(graph) == {"learner-0-it0-t": {"GPU": 1},
+                                                "rollout-0-it0-t": {"CPU": 1}}
+        future = client.compute(graph)
+        backend = DaskBackend(client)
+        backend.check_annotations(graph)  # matches: no error
+        with annotate(resources={"GPU": 2}):  # same keys, different annotation
+            other = delayed(abs, pure=False)(blocked, dask_key_name="rollout-0-it0-t")
+        with pytest.raises(RuntimeError, match="rollout-0-it0-t"):
+            backend.check_annotations(other)
+        event.set()
+        assert future.result() == 1
