@@ -108,6 +108,10 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                           description="Write returns.png, speed.png and losses.png for a run.")
     plot.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     plot.add_argument("--out", type=Path, default=None, help="where to write (default: run_dir)")
+    prof = sub.add_parser("profile", help="where an iteration's time goes, and the bottleneck",
+                          description="Break a run's iteration time into env stepping, "
+                                      "inference, learning and scheduler/transfer/idle.")
+    prof.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     return parser
 
 
@@ -198,6 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser(module).parse_args(argv)
         if args.command == "train":
             return cmd_train(args, module)
+        if args.command == "profile":
+            from .profile import report
+
+            try:
+                print(report(args.run_dir))
+            except (FileNotFoundError, ValueError) as exc:
+                raise UserError(str(exc)) from None
         if args.command == "plot":
             from .plot import plot_run
 

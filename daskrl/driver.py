@@ -211,7 +211,8 @@ class _Recorder:
         row["iteration_env_steps"] = row.pop("env_steps", 0)
         row.update(iteration=it + 1, env_steps=self.env_steps, wall_s=wall,
                    env_steps_per_s=self.env_steps / wall if wall > 0 else 0.0,
-                   iteration_s=iter_s, overhead_s=iter_s - inside)
+                   iteration_s=iter_s, overhead_s=iter_s - inside,
+                   learn_s=end - m.get("learn_t_start", end))
         self.writer.write(row)
         if self.bar is not None:
             self.bar.update(1)
