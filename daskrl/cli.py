@@ -70,6 +70,7 @@ def add_config_flags(parser: argparse.ArgumentParser, config_cls: type) -> None:
 
 def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
     from .distributions import DISTRIBUTIONS
+    from .jobqueue import add_jobqueue_flags
 
     parser = argparse.ArgumentParser(
         prog="daskrl", description="Reinforcement learning as resource-annotated Dask graphs.")
@@ -102,6 +103,7 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                        help="skip the final deterministic evaluation")
     train.add_argument("--no-progress", dest="progress", action="store_false",
                        help="no progress bar")
+    add_jobqueue_flags(train)
     if graph_module is not None:
         add_config_flags(train, graph_module.Config)
     plot = sub.add_parser("plot", help="learning-curve PNGs of a run folder",
@@ -144,6 +146,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     from .cluster import connect, default_worker_resources, local_cluster
     from .distributions import get_distribution
     from .driver import RunSettings, train
+    from .jobqueue import describe, spec_from_args, start_pools
 
     fields = {f.name for f in dataclasses.fields(module.Config)}
     config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
@@ -153,6 +156,9 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
         if args.steps < 1:
             raise ValueError(f"--steps must be >= 1, got {args.steps}")
         algo = module.build(config).with_resources(overrides)
+        batch = spec_from_args(args)
+        if batch is not None and (args.scheduler or args.tls):
+            raise ValueError("--cluster starts its own scheduler: drop --scheduler/--tls")
     except (ValueError, TypeError) as exc:
         raise UserError(str(exc)) from None
     out = args.out or Path("runs") / f"{Path(args.graph).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -171,6 +177,12 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
         else:
             if args.scheduler:
                 client = connect(args.scheduler, security=_security(args))
+            elif batch is not None:
+                try:
+                    cluster, client = start_pools(batch, algo, distribution, out / "jobs")
+                except (ValueError, RuntimeError, TimeoutError) as exc:
+                    raise UserError(str(exc)) from None
+                print(f"{describe(cluster.spec)}; jobs {cluster.job_ids()}", file=sys.stderr)
             else:
                 cluster = local_cluster(default_worker_resources(args.workers), security=args.tls)
                 client = Client(cluster)

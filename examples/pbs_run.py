@@ -1,0 +1,47 @@
+"""Train PPO on PBS Pro / OpenPBS: ``select=1:ncpus=N`` CPU jobs and ``:ngpus=1`` GPU jobs.
+
+Run on a PBS login node::
+
+    python examples/pbs_run.py --queue workq           # settings from examples/cluster.yaml
+    python examples/pbs_run.py --queue workq --print-scripts   # only show the job scripts
+
+The CLI does the same: ``daskrl train graphs/ppo.py --cluster pbs --queue workq
+--gpus-per-job 1``. Jobs are deleted (``qdel``) when training ends, also on Ctrl-C.
+"""
+
+import argparse
+from pathlib import Path
+
+from daskrl.cli import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.driver import RunSettings, train
+from daskrl.jobqueue import describe, job_scripts, load_spec, size_pools, start_pools
+
+if __name__ == "__main__":
+    here = Path(__file__).parent
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", default=here / "cluster.yaml")
+    parser.add_argument("--queue", default=None, help="PBS queue (-q)")
+    parser.add_argument("--walltime", default=None, help="HH:MM:SS")
+    parser.add_argument("--print-scripts", action="store_true", help="show the job scripts")
+    args = parser.parse_args()
+    spec = load_spec(args.config, {"kind": "pbs", "queue": args.queue,
+                                   "walltime": args.walltime})
+    ppo = load_graph(str(here.parent / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config(num_actors=2, num_envs=8, num_steps=128))
+    distribution = get_distribution("actors-learner")
+    spec = size_pools(spec, algo, distribution)
+    print(describe(spec))
+    if args.print_scripts:
+        for pool, script in job_scripts(spec).items():
+            print(f"--- {pool} job ---\n{script}")
+        raise SystemExit(0)
+    out = Path("runs/example-pbs")
+    cluster, client = start_pools(spec, log_directory=out / "jobs")
+    try:
+        print("dashboard:", client.dashboard_link, "jobs:", cluster.job_ids())
+        summary = train(client, algo, distribution, RunSettings(out=out, steps=200_000))
+    finally:
+        client.close()
+        cluster.close()  # deletes every job
+    print({k: summary[k] for k in ("env_steps", "env_steps_per_s", "eval_return_mean")})

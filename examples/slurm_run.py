@@ -1,0 +1,41 @@
+"""Train PPO on Slurm: CPU jobs step the envs, a GPU job runs the learner.
+
+Run on a Slurm login node (or after ``bash .ci/slurm-up.sh`` on one machine)::
+
+    python examples/slurm_run.py                       # settings from examples/cluster.yaml
+    python examples/slurm_run.py my_cluster.yaml --print-scripts   # only show the job scripts
+
+The CLI does the same: ``daskrl train graphs/ppo.py --cluster slurm --cluster-config
+examples/cluster.yaml``. Jobs are cancelled when training ends, also on Ctrl-C.
+"""
+
+import sys
+from pathlib import Path
+
+from daskrl.cli import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.driver import RunSettings, train
+from daskrl.jobqueue import describe, job_scripts, load_spec, size_pools, start_pools
+
+if __name__ == "__main__":
+    here = Path(__file__).parent
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    spec = load_spec(args[0] if args else here / "cluster.yaml", {"kind": "slurm"})
+    ppo = load_graph(str(here.parent / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config(num_actors=2, num_envs=8, num_steps=128))
+    distribution = get_distribution("actors-learner")
+    spec = size_pools(spec, algo, distribution)
+    print(describe(spec))
+    if "--print-scripts" in sys.argv:
+        for pool, script in job_scripts(spec).items():
+            print(f"--- {pool} job ---\n{script}")
+        sys.exit(0)
+    out = Path("runs/example-slurm")
+    cluster, client = start_pools(spec, log_directory=out / "jobs")
+    try:
+        print("dashboard:", client.dashboard_link, "jobs:", cluster.job_ids())
+        summary = train(client, algo, distribution, RunSettings(out=out, steps=200_000))
+    finally:
+        client.close()
+        cluster.close()  # cancels every job
+    print({k: summary[k] for k in ("env_steps", "env_steps_per_s", "eval_return_mean")})

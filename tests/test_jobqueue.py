@@ -1,0 +1,326 @@
+"""Batch-job pools: job scripts for Slurm and PBS, pools as local processes, and real Slurm.
+
+The real-Slurm tests need the single-node Slurm that ``.ci/slurm-up.sh`` starts; without it
+(no ``sinfo``, or the daemons are not up) they skip and say why. With a GPU declared on the
+node (``DASKRL_SLURM_GPUS=1 bash .ci/slurm-up.sh``) PPO runs on a CPU job and a GPU job;
+otherwise on two CPU jobs.
+
+Still to come: a MAPPO run (``graphs/mappo.py`` with ``marl/``) through Slurm jobs, like
+``test_ppo_trains_on_slurm_jobs_and_cancels_them`` (same ``slurm_node`` fixture and checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from daskrl.cli import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.driver import RunSettings, train
+from daskrl.jobqueue import (
+    JobQueueSpec,
+    add_jobqueue_flags,
+    job_scripts,
+    load_spec,
+    make_jobqueue_cluster,
+    size_pools,
+    spec_from_args,
+    start_pools,
+    wait_for_pools,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny_ppo(**overrides):
+    """PPO small enough for seconds per iteration: 2 actors x 4 envs x 32 steps."""
+    ppo = load_graph(str(REPO / "graphs" / "ppo.py"))
+    settings = {"num_actors": 2, "num_envs": 4, "num_steps": 32, "update_epochs": 2,
+                "num_minibatches": 2, "eval_episodes": 2, **overrides}
+    return ppo.build(ppo.Config(**settings))
+
+
+# --- job scripts ------------------------------------------------------------------------------
+
+def test_slurm_job_scripts_carry_each_pools_resources():
+    spec = JobQueueSpec(kind="slurm", queue="debug", walltime="00:20:00", cores=2, memory="4GB",
+                        gpus_per_job=1, gpu_queue="gpu", gpu_cores=4, job_extra=["--exclusive"])
+    cpu, gpu = job_scripts(spec).values()
+    for line in ("#SBATCH -J daskrl-cpu", "#SBATCH -p debug", "#SBATCH -t 00:20:00",
+                 "#SBATCH --cpus-per-task=2", "#SBATCH --mem=4G", "#SBATCH --exclusive",
+                 "--name cpu-0", "--nthreads 2", "--resources CPU=2"):
+        assert line in cpu, line
+    assert "gres" not in cpu and "GPU" not in cpu
+    for line in ("#SBATCH -J daskrl-gpu", "#SBATCH -p gpu", "#SBATCH --gres=gpu:1",
+                 "#SBATCH --cpus-per-task=4", "#SBATCH --mem=4G", "#SBATCH --exclusive",
+                 "--name gpu-0", "--resources CPU=4,GPU=1"):
+        assert line in gpu, line
+
+
+def test_pbs_job_scripts_select_gpus_and_queue():
+    spec = JobQueueSpec(kind="pbs", queue="workq", walltime="02:00:00", cores=8, memory="16GB",
+                        gpus_per_job=2, account="proj1")
+    scripts = job_scripts(spec)
+    assert "#PBS -l select=1:ncpus=8:mem=15GB" in scripts["cpu"]
+    assert "#PBS -l select=1:ncpus=8:ngpus=2:mem=15GB" in scripts["gpu"]
+    for script in scripts.values():
+        assert "#PBS -q workq" in script and "#PBS -l walltime=02:00:00" in script
+        assert "#PBS -A proj1" in script
+    assert "--resources CPU=8,GPU=2" in scripts["gpu"]
+
+
+def test_processes_split_cores_and_no_gpu_pool_without_gpus():
+    scripts = job_scripts(JobQueueSpec(kind="slurm", cores=4, processes=2))
+    assert list(scripts) == ["cpu"]
+    assert "--nworkers 2" in scripts["cpu"] and "--resources CPU=2" in scripts["cpu"]
+
+
+def test_importing_keeps_ctrl_c_a_keyboard_interrupt():
+    # dask-jobqueue 0.9.0 sets SIGINT to sys.exit() on import; daskrl.jobqueue undoes it
+    handler = signal.getsignal(signal.SIGINT)
+    assert getattr(handler, "__module__", None) != "dask_jobqueue.runner"
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+def test_load_spec_reads_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("kind: pbs\nqueue: long\ngpus-per-job: 1\nwalltime: 1:30:00\n"
+                    "prologue: ['module load cuda']\n")
+    spec = load_spec(path, {"queue": "short", "cores": None})
+    assert (spec.kind, spec.queue, spec.gpus_per_job, spec.cores) == ("pbs", "short", 1, 1)
+    assert spec.walltime == "01:30:00"  # YAML read 1:30:00 as 5400 seconds
+    assert "module load cuda" in job_scripts(spec)["gpu"]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("cpus: 2", "unknown key(s) cpus"),
+    ("kind: sge", "not one of local, slurm, pbs"),
+    ("memory: lots", "--memory 'lots' is not a size"),
+    ("walltime: soon", "--walltime 'soon'"),
+    ("gpu_jobs: 2", "--gpu-jobs 2 needs --gpus-per-job"),
+    ("cores: 0", "--cores must be a whole number >= 1"),
+    ("start_timeout: 20m", "must be at least start_timeout"),
+    ("- a list", "expected a mapping"),
+])
+def test_bad_settings_name_the_problem(tmp_path, text, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match="bad.yaml") as info:
+        load_spec(path)
+    assert words in str(info.value)
+
+
+def test_example_config_loads():
+    spec = load_spec(REPO / "examples" / "cluster.yaml")
+    assert spec.kind == "slurm" and spec.gpus_per_job == 1
+    assert set(job_scripts(spec)) == {"cpu", "gpu"}
+
+
+def test_cli_flags_build_the_spec(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_jobqueue_flags(parser)
+    assert spec_from_args(parser.parse_args([])) is None
+    args = parser.parse_args(["--cluster", "slurm", "--queue", "debug", "--gpus-per-job", "1",
+                              "--cores", "2", "--memory", "3GB", "--walltime", "00:05:00",
+                              "--job-extra=--constraint=v100"])
+    spec = spec_from_args(args)
+    assert (spec.kind, spec.queue, spec.gpus_per_job, spec.cores, spec.memory) == (
+        "slurm", "debug", 1, 2, "3GB")
+    assert "#SBATCH --constraint=v100" in job_scripts(spec)["gpu"]
+    with pytest.raises(ValueError, match="--cluster-config needs --cluster"):
+        spec_from_args(parser.parse_args(["--cluster-config", "x.yaml"]))
+
+
+def test_pools_are_sized_to_the_distribution():
+    algo = tiny_ppo(num_actors=3)
+    dist = get_distribution("actors-learner")
+    two_pools = size_pools(JobQueueSpec(cores=2, gpus_per_job=1), algo, dist)
+    assert (two_pools.cpu_jobs, two_pools.gpu_jobs) == (2, 1)  # 3 rollouts / 2 cores
+    cpu_only = size_pools(JobQueueSpec(cores=2), algo, dist)  # learner falls back to a CPU
+    assert (cpu_only.cpu_jobs, cpu_only.gpu_jobs) == (2, 0)
+    fixed = size_pools(JobQueueSpec(cores=1, cpu_jobs=5), algo, dist)
+    assert fixed.cpu_jobs == 5
+
+
+# --- pools as local processes (the same machinery, no queue) ----------------------------------
+
+def test_local_pools_advertise_resources_and_stop_their_processes(tmp_path):
+    spec = JobQueueSpec(kind="local", cores=1, memory="1GB", gpus_per_job=1, cpu_jobs=1,
+                        gpu_jobs=1, log_directory=str(tmp_path), start_timeout="60s")
+    cluster, client = start_pools(spec)
+    try:
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        assert {w["name"]: w["resources"] for w in info} == {
+            "cpu-0": {"CPU": 1}, "gpu-0": {"CPU": 1, "GPU": 1}}
+        where = client.submit(os.getpid, resources={"GPU": 1}, pure=False)
+        assert where.result(timeout=30) != os.getpid()
+        pids = [int(p) for p in cluster.job_ids().values()]
+    finally:
+        client.close()
+        cluster.close()
+    deadline = time.monotonic() + 10
+    while _groups_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _groups_alive(pids), "job processes outlived cluster.close()"
+    assert (tmp_path / "cpu-0.log").exists()
+
+
+def test_a_job_that_dies_at_start_fails_fast_naming_it(tmp_path):
+    spec = JobQueueSpec(kind="local", cpu_jobs=1, prologue=["echo no-such-module; exit 3"],
+                        log_directory=str(tmp_path), start_timeout="60s")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="cpu-0 ended before their worker connected"):
+        start_pools(spec)
+    assert time.monotonic() - t0 < 30
+    assert "no-such-module" in (tmp_path / "cpu-0.log").read_text()
+
+
+def _groups_alive(pgids: list[int]) -> list[int]:
+    alive = []
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, 0)
+            alive.append(pgid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+# --- real Slurm ---------------------------------------------------------------------------------
+
+def _run(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+
+
+def slurm_unavailable() -> str | None:
+    """Why Slurm cannot run jobs here, or None when a node is idle."""
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return "Slurm is not installed (no sinfo/sbatch): run `bash .ci/slurm-up.sh` as root"
+    try:
+        out = _run("sinfo", "-h", "-o", "%t %G")
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out: slurmctld is not answering; run `bash .ci/slurm-up.sh`"
+    if out.returncode != 0:
+        return f"Slurm daemons are not up ({out.stderr.strip()}): run `bash .ci/slurm-up.sh`"
+    states = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
+    if not any(s.startswith(("idle", "mix")) for s in states):
+        return f"no idle Slurm node (states: {', '.join(states) or 'none'})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_node() -> dict[str, int]:
+    """The local Slurm node: skips the test when Slurm is not up; says how many GPUs it has."""
+    reason = slurm_unavailable()
+    if reason:
+        pytest.skip(reason)
+    gres = _run("sinfo", "-h", "-o", "%G").stdout
+    gpus = max((int(part.rsplit(":", 1)[-1].split("(")[0]) for part in gres.split(",")
+                if part.startswith("gpu:")), default=0)
+    return {"gpus": gpus}
+
+
+def job_state(job_id: str) -> str:
+    """``"RUNNING gres:gpu:1"``: a job's state and GRES, as slurmctld reports them."""
+    out = _run("scontrol", "-o", "show", "job", job_id).stdout
+    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+    return f"{fields.get('JobState', '')} {fields.get('TresPerNode', '')}".strip()
+
+
+def queued(job_ids) -> set[str]:
+    """Which of ``job_ids`` are pending, running or completing now."""
+    out = _run("squeue", "-h", "-o", "%i").stdout
+    return set(out.split()) & set(job_ids)
+
+
+def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, tmp_path):
+    gpus = min(slurm_node["gpus"], 1)
+    spec = JobQueueSpec(kind="slurm", cores=1, memory="1GB", walltime="00:10:00",
+                        gpus_per_job=gpus, cpu_jobs=1 if gpus else 2,
+                        log_directory=str(tmp_path / "jobs"), start_timeout="90s")
+    algo, dist = tiny_ppo(), get_distribution("actors-learner")
+    t0 = time.monotonic()
+    cluster, client = start_pools(spec, algo, dist)
+    ids = cluster.job_ids()
+    try:
+        expected = {"cpu-0", "gpu-0"} if gpus else {"cpu-0", "cpu-1"}
+        assert set(ids) == expected
+        states = {name: job_state(job) for name, job in ids.items()}
+        assert all(s.startswith("RUNNING") for s in states.values()), states
+        if gpus:
+            assert states["gpu-0"] == "RUNNING gres:gpu:1", states
+            assert states["cpu-0"] == "RUNNING", states
+        # each worker runs inside its own Slurm job
+        env = client.run(lambda: (os.environ.get("SLURM_JOB_ID"),
+                                  os.environ.get("SLURM_GPUS_ON_NODE")))
+        names = {addr: w["name"] for addr, w in client.scheduler_info(n_workers=-1)["workers"]
+                 .items()}
+        assert {names[addr]: job for addr, (job, _) in env.items()} == ids
+        if gpus:
+            assert [g for addr, (_, g) in env.items() if names[addr] == "gpu-0"] == ["1"]
+        out = tmp_path / "run"
+        summary = train(client, algo, dist,
+                        RunSettings(out=out, steps=512, progress=False, tensorboard=False))
+        with open(out / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 2 and float(rows[-1]["env_steps"]) > 0
+        used = {w for names_ in summary["placement"].values() for w in names_}
+        assert used == expected  # both jobs did work
+        assert (out / "summary.json").exists()
+    finally:
+        client.close()
+        cluster.close()
+    deadline = time.monotonic() + 30
+    while queued(ids.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
+    print(f"slurm PPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
+
+
+def test_a_job_slurm_cannot_place_times_out_with_its_reason(slurm_node, tmp_path):
+    spec = JobQueueSpec(kind="slurm", cores=512, memory="1GB", cpu_jobs=1,
+                        log_directory=str(tmp_path), start_timeout="3s")
+    cluster = make_jobqueue_cluster(spec)
+    ids = cluster.job_ids()
+    try:
+        with Client(cluster) as client, pytest.raises(TimeoutError) as info:
+            wait_for_pools(client, cluster)
+        assert f"{ids['cpu-0']} PENDING" in str(info.value)
+    finally:
+        cluster.close()
+    deadline = time.monotonic() + 20
+    while queued(ids.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not queued(ids.values())
+
+
+def test_a_refused_job_cancels_the_jobs_already_submitted(slurm_node):
+    spec = JobQueueSpec(kind="slurm", cores=1, memory="1GB", cpu_jobs=1,
+                        gpus_per_job=slurm_node["gpus"] + 8, gpu_jobs=1)
+    before = set(_run("squeue", "-h", "-o", "%i").stdout.split())
+    with pytest.raises(RuntimeError, match="^sbatch refused a job: sbatch: error"):
+        make_jobqueue_cluster(spec)
+    time.sleep(1)
+    assert not (set(_run("squeue", "-h", "-n", "daskrl-cpu", "-o", "%i").stdout.split())
+                - before)
+
+
+def test_a_slurm_job_that_dies_at_start_fails_fast(slurm_node, tmp_path):
+    spec = JobQueueSpec(kind="slurm", cpu_jobs=1, prologue=["exit 3"],
+                        log_directory=str(tmp_path), start_timeout="60s")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="cpu-0 ended before their worker connected"):
+        start_pools(spec)
+    assert time.monotonic() - t0 < 30
