@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import dask
 from dask.delayed import Delayed
-from distributed import Client
+from distributed import Client, wait
 
 from .cluster import worker_resources
 from .fragment import Fragment
@@ -45,6 +45,12 @@ class Backend(Protocol):
     def as_input(self, handle: Handle) -> Any:
         """What a later graph takes in place of ``handle``'s value."""
 
+    def done(self, handle: Handle, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; whether ``handle`` has finished (or failed)."""
+
+    def identities(self) -> dict[str, str]:
+        """Worker name -> address (a restarted worker keeps its name, not its address)."""
+
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` in every worker process."""
 
@@ -75,6 +81,19 @@ class DaskBackend:
     def as_input(self, handle: Handle) -> Any:
         """The future itself: the next graph waits on it inside the cluster."""
         return handle
+
+    def identities(self) -> dict[str, str]:
+        """Worker name -> address, as the scheduler sees them now."""
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        return {str(w["name"]): addr for addr, w in info.items()}
+
+    def done(self, handle: Handle, timeout: float) -> bool:
+        """``distributed.wait`` with a timeout."""
+        try:
+            wait(handle, timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """``client.run`` on every worker."""
@@ -180,6 +199,14 @@ class SyncBackend:
     def as_input(self, handle: Handle) -> Any:
         """The finished value."""
         return handle.result()
+
+    def done(self, handle: Handle, timeout: float) -> bool:
+        """Always finished: it ran at submission."""
+        return True
+
+    def identities(self) -> dict[str, str]:
+        """This process."""
+        return {"local": "local"}
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn`` here."""

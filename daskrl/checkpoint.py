@@ -36,8 +36,9 @@ def save_checkpoint(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
+    older = [p for p in list_checkpoints(directory) if p.name < final.name]
+    for old in older[: max(0, len(older) - (keep - 1))] if keep > 0 else []:
+        old.unlink(missing_ok=True)  # never the file just written, nor newer ones
     return final
 
 

@@ -145,16 +145,16 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     from .backend import DaskBackend, SyncBackend
     from .cluster import connect, default_worker_resources, local_cluster
     from .distributions import get_distribution
-    from .driver import RunSettings, train
+    from .driver import RunSettings, check_settings, train
     from .jobqueue import describe, spec_from_args, start_pools
 
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
     try:
+        config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
         distribution = get_distribution(args.distribution)
         overrides = parse_role_resources(args.resources)
-        if args.steps < 1:
-            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        if args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
         algo = module.build(config).with_resources(overrides)
         batch = spec_from_args(args)
         if batch is not None and (args.scheduler or args.tls):
@@ -162,12 +162,14 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     except (ValueError, TypeError) as exc:
         raise UserError(str(exc)) from None
     out = args.out or Path("runs") / f"{Path(args.graph).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.resume and not (out / "checkpoints").is_dir():
-        raise UserError(f"--resume: no checkpoints under {out}; pass the --out of an earlier run")
     settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
                            checkpoint_every=args.checkpoint_every, eval=args.eval,
                            progress=args.progress,
                            meta={"graph": args.graph, "config": dataclasses.asdict(config)})
+    try:
+        check_settings(settings)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     cluster = client = None
     try:
         if args.scheduler == "sync":

@@ -14,19 +14,19 @@ from typing import Any
 
 from distributed import Client
 from distributed.client import FutureCancelledError
-from distributed.scheduler import KilledWorker
+from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
 from . import roles
 from .algorithm import Algorithm, LearnerOutput
 from .backend import Backend, DaskBackend, Handle
-from .checkpoint import load_latest, save_checkpoint
+from .checkpoint import list_checkpoints, load_latest, save_checkpoint
 from .distributions import Distribution, IterationInputs
 from .fragment import Fragment
 from .graph import Placement, plan_placement, task
 from .metrics import MetricsWriter, write_summary
 from .state import drop_run
 
-_LOST = (FutureCancelledError, KilledWorker)
+_LOST = (FutureCancelledError, KilledWorker, NoValidWorkerError, NoWorkerError)
 
 
 @dataclass
@@ -41,10 +41,26 @@ class RunSettings:
     keep_checkpoints: int = 3
     lookahead: int = 4
     max_recoveries: int = 3
+    replan_timeout: float = 30.0
     tensorboard: bool = True
     eval: bool = True
     progress: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def check_settings(settings: RunSettings) -> None:
+    """Refuse settings that would fail later or lose an earlier run's checkpoints."""
+    if settings.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1, got {settings.checkpoint_every}")
+    if settings.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {settings.steps}")
+    has_ckpt = bool(list_checkpoints(settings.out / "checkpoints"))
+    if settings.resume and not has_ckpt:
+        raise ValueError(f"--resume: no checkpoints under {settings.out}; pass the --out of an "
+                         "earlier run")
+    if not settings.resume and has_ckpt:
+        raise ValueError(f"{settings.out} already holds checkpoints of an earlier run: pass "
+                         "--resume to continue it, or choose another --out")
 
 
 def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Placement:
@@ -84,8 +100,10 @@ def train(
     """
     backend = DaskBackend(client) if isinstance(client, Client) else client
     out = settings.out
+    check_settings(settings)
     out.mkdir(parents=True, exist_ok=True)
     placement = place(backend, algo, distribution)
+    pins = _pins(backend, placement)
     last_done, start_iter, counters = initial_output(algo, settings)
     num_iterations = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
     run = uuid.uuid4().hex[:8]
@@ -111,18 +129,20 @@ def train(
                 k += 1
             it, fut = pending.popleft()
             try:
-                last_done = fut.result()
-            except (CancelledError, *_LOST) as exc:
+                last_done = _result(backend, fut, pins)
+            except (CancelledError, WorkersLost, *_LOST) as exc:
                 recoveries += 1
                 if recoveries > settings.max_recoveries:
                     raise RuntimeError(
-                        f"iteration {it + 1} was lost {recoveries} times ({exc!r}); giving up "
+                        f"iteration {it + 1} was lost {recoveries} times ({exc}); giving up "
                         "- check the workers' logs") from exc
-                print(f"daskrl: iteration {it + 1} lost ({type(exc).__name__}); resubmitting "
-                      "from the last finished iteration", file=sys.stderr)
+                print(f"daskrl: iteration {it + 1} lost ({exc}); placing the fragments again "
+                      "and resubmitting from the last finished iteration", file=sys.stderr)
                 for _, other in pending:
                     other.cancel()
                 pending.clear()
+                placement = _replace(backend, algo, distribution, settings.replan_timeout)
+                pins = _pins(backend, placement)
                 k = base = it
                 continue
             _check_finite(it, last_done, settings.out)
@@ -165,6 +185,44 @@ def train(
     backend.run_everywhere(drop_run, run)
     write_summary(out / "summary.json", summary)
     return summary
+
+
+class WorkersLost(RuntimeError):
+    """A worker that replicas are pinned to has left the cluster."""
+
+
+def _result(backend: Backend, handle: Handle, pinned: dict[str, str]) -> LearnerOutput:
+    """Wait for an iteration; raise :class:`WorkersLost` if a pinned worker leaves meanwhile.
+
+    ``pinned`` maps the names replicas are pinned to onto their addresses at placement: the
+    scheduler resolves a name pin to an address, so a worker restarted under the same name
+    is lost to the tasks pinned before.
+    """
+    while not backend.done(handle, timeout=1.0):
+        now = backend.identities()
+        gone = sorted(name for name, addr in pinned.items() if now.get(name) != addr)
+        if gone:
+            raise WorkersLost(f"worker(s) {', '.join(gone)} left the cluster")
+    return handle.result()
+
+
+def _pins(backend: Backend, placement: Placement) -> dict[str, str]:
+    names = {name for names in placement.workers.values() for name in names}
+    now = backend.identities()
+    return {name: now.get(name, "") for name in names}
+
+
+def _replace(backend: Backend, algo: Algorithm, distribution: Distribution,
+             timeout: float) -> Placement:
+    """Plan placement on the workers there are now, waiting a while for replacements."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return place(backend, algo, distribution)
+        except ValueError as exc:
+            if time.monotonic() > deadline:
+                raise ValueError(f"the cluster lost the workers this run needs: {exc}") from None
+            time.sleep(1.0)
 
 
 def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:

@@ -36,8 +36,10 @@ def task(
 ) -> Delayed:
     """One fragment call as a delayed task with its key, resources and worker preference.
 
-    ``worker`` pins the task to a worker *name* loosely (``allow_other_workers``), so the
-    replica stays where its state lives but moves when that worker is lost.
+    ``worker`` pins the task to a worker *name* (names survive restarts), so the replica stays
+    where its state lives and is not stolen away from it. The pin is strict: a loose one
+    would also relax the resource restriction. When a pinned worker leaves, the driver
+    plans placement again and resubmits.
 
     Examples
     --------
@@ -48,7 +50,7 @@ def task(
     """
     annotations: dict[str, Any] = {"resources": resources.to_dask()}
     if worker is not None:
-        annotations.update(workers=[worker], allow_other_workers=True)
+        annotations.update(workers=[worker])
     with dask.annotate(**annotations):
         return delayed(fn, pure=False)(*args, dask_key_name=task_key(role, replica, iteration, run))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,14 +50,20 @@ class Resources:
                     f"resource name {name!r} is not valid: use letters, digits, '_' or '.', "
                     "starting with a letter"
                 )
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"resource {name!r} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"resource {name!r} must be a finite number >= 0, got {value!r}")
         clash = {k for k in self.custom if k.upper() in ("CPU", "GPU")}
         if clash:
             raise ValueError(f"use cpu=/gpu= instead of custom keys {sorted(clash)}")
-        object.__setattr__(self, "custom", dict(self.custom))
+        if self.fallback is not None and not isinstance(self.fallback, Resources):
+            raise TypeError(
+                f"fallback must be a Resources (e.g. fallback=Resources(cpu=1)), "
+                f"got {self.fallback!r}")
+        object.__setattr__(self, "cpu", _plain(self.cpu))
+        object.__setattr__(self, "gpu", _plain(self.gpu))
+        object.__setattr__(self, "custom", {k: _plain(v) for k, v in self.custom.items()})
 
     def to_dask(self) -> dict[str, float]:
         """The ``resources=`` dict for ``dask.annotate``, zero entries omitted."""
@@ -95,29 +102,40 @@ class Resources:
         return text + (f" (else {self.fallback})" if self.fallback else "")
 
 
+def _plain(value: float) -> float:
+    """A Python int for whole numbers (numpy scalars included), else a float."""
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
 def parse_resources(text: str) -> Resources:
     """Parse ``KEY:N[,KEY:N]`` (e.g. ``GPU:1,CPU:2``) into :class:`Resources`.
 
     Examples
     --------
     >>> parse_resources("GPU:1,CPU:2")
-    Resources(cpu=2.0, gpu=1.0, custom={}, fallback=None)
+    Resources(cpu=2, gpu=1, custom={}, fallback=None)
     """
     values: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, num = part.partition(":")
         if not sep:
             key, sep, num = part.partition("=")
+        key = key.strip()
+        if key.upper() in ("CPU", "GPU"):
+            key = key.upper()
+        if key in values:
+            raise ValueError(f"resource {key!r} appears twice in {text!r}")
         try:
-            values[key.strip()] = float(num)
+            values[key] = float(num)
         except ValueError:
             raise ValueError(
                 f"malformed resource {part!r} in {text!r}: write KEY:N, e.g. GPU:1,CPU:2"
             ) from None
     if not values:
         raise ValueError(f"empty resource spec {text!r}: write KEY:N, e.g. GPU:1")
-    cpu = values.pop("CPU", values.pop("cpu", 0.0))
-    gpu = values.pop("GPU", values.pop("gpu", 0.0))
+    cpu = values.pop("CPU", 0.0)
+    gpu = values.pop("GPU", 0.0)
     return Resources(cpu=cpu, gpu=gpu, custom=values)
 
 
@@ -127,7 +145,7 @@ def parse_role_resources(items: list[str]) -> dict[str, Resources]:
     Examples
     --------
     >>> parse_role_resources(["learner=GPU:1"])["learner"].to_dask()
-    {'GPU': 1.0}
+    {'GPU': 1}
     """
     out: dict[str, Resources] = {}
     for item in items:

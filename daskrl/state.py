@@ -19,13 +19,14 @@ _LOCK = threading.Lock()
 _ATTR = "_daskrl_resident"
 
 
-def _store() -> dict[Hashable, Any]:
-    try:
-        from distributed import get_worker
+def _store(worker: Any = None) -> dict[Hashable, Any]:
+    if worker is None:
+        try:
+            from distributed import get_worker
 
-        worker = get_worker()
-    except (ImportError, ValueError):
-        return _LOCAL
+            worker = get_worker()
+        except (ImportError, ValueError):
+            return _LOCAL
     store = getattr(worker, _ATTR, None)
     if store is None:
         store = {}
@@ -74,9 +75,13 @@ def resident(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
         return obj, True
 
 
-def drop_run(run: str) -> int:
-    """Forget every object of ``run`` on this worker (call on all workers at the end of a run)."""
-    store = _store()
+def drop_run(run: str, dask_worker: Any = None) -> int:
+    """Forget every object of ``run`` on this worker; returns how many.
+
+    Call it on every worker at the end of a run with ``client.run(drop_run, run)``, which
+    passes the worker as ``dask_worker`` (``get_worker()`` works only inside tasks).
+    """
+    store = _store(dask_worker)
     with _LOCK:
         keys = [k for k in store if isinstance(k, tuple) and k and k[0] == run]
         for k in keys:

@@ -169,17 +169,20 @@ def ppo_update(
         group["lr"] = hp.learning_rate if lr is None else lr
     data = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     n = len(data["obs"])
-    mb_size = max(1, -(-n // hp.num_minibatches))
     params = [p for p in net.parameters() if p.requires_grad]
     names: list[str] = []
     total: torch.Tensor | None = None
     count = 0
     for _ in range(hp.update_epochs):
         perm = torch.randperm(n, generator=generator).to(device)
-        shuffled = {k: v[perm] for k, v in data.items()}  # minibatches are then views
-        for start in range(0, n, mb_size):
-            loss, parts = ppo_loss(net, {k: v[start : start + mb_size] for k, v in
+        shuffled = {k: v[perm] for k, v in data.items()}
+        # exactly num_minibatches near-equal minibatches (views), whatever n is
+        sizes = [len(c) for c in torch.tensor_split(torch.empty(n), min(hp.num_minibatches, n))]
+        start = 0
+        for size in sizes:
+            loss, parts = ppo_loss(net, {k: v[start : start + size] for k, v in
                                          shuffled.items()}, hp)
+            start += size
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if grad_hook is not None:

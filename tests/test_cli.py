@@ -1,0 +1,212 @@
+"""The ``daskrl`` command line as users run it: a short training run, --resume, and bad input.
+
+Bad input must stop with a non-zero exit and exactly one ``daskrl: error:`` line on stderr,
+quickly. Those commands run concurrently (most never start a cluster) to keep this fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from daskrl.backend import SyncBackend
+from daskrl.checkpoint import load_latest
+from daskrl.distributions import get_distribution
+from daskrl.driver import RunSettings, train
+
+REPO = Path(__file__).resolve().parent.parent
+GRAPH = str(REPO / "graphs" / "ppo.py")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def daskrl_command() -> list[str]:
+    """The ``daskrl`` console script of this environment (else ``python -m daskrl.cli``)."""
+    script = Path(sys.executable).with_name("daskrl")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("daskrl")
+    return [found] if found else [sys.executable, "-m", "daskrl.cli"]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def error_lines(self) -> list[str]:
+        return [ln for ln in self.stderr.splitlines() if ln.startswith("daskrl: error:")]
+
+
+def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen, float]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*daskrl_command(), *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, time.monotonic()
+
+
+def finish(proc: subprocess.Popen, t0: float, timeout: float = 240) -> Result:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"`daskrl {' '.join(proc.args[1:])}` did not finish in {timeout} s\n{err}")
+    return Result(proc.returncode, out, err, time.monotonic() - t0)
+
+
+def daskrl(args: list[str], cwd: Path, timeout: float = 240) -> Result:
+    return finish(*start(args, cwd), timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+# --------------------------------------------------------------------------- a short run
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("cli")
+    result = daskrl(["train", GRAPH, "--steps", "4000", "--out", "tmp", "--no-progress",
+                     "--num-envs", "4"], cwd)
+    return cwd / "tmp", result
+
+
+def test_short_run_writes_metrics_summary_and_checkpoints(short_run):
+    out, result = short_run
+    assert result.returncode == 0, result.stderr
+    assert "daskrl: error" not in result.stderr and "Traceback" not in result.stderr
+    assert "eval_return_mean=" in result.stdout and "env_steps_per_s=" in result.stdout
+    rows = read_csv(out / "metrics.csv")
+    per_iteration = 4 * 128  # --num-envs 4, default --num-steps 128 and one actor
+    assert len(rows) == math.ceil(4000 / per_iteration) == 8
+    assert list(rows[0])[:4] == ["iteration", "env_steps", "wall_s", "episode_return_mean"]
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and 0 < steps[-1] <= 8 * per_iteration  # cumulative
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("graph", "distribution", "env_steps", "iterations", "wall_s",
+                "env_steps_per_s", "eval_return_mean"):
+        assert key in summary, key
+    assert summary["distribution"] == "actors-learner" and summary["iterations"] == 8
+    assert summary["env_steps"] == steps[-1]
+    assert summary["env_steps_per_s"] > 0 and summary["wall_s"] > 0
+    assert 1 <= summary["eval_return_mean"] <= 500
+    assert summary["config"]["num_envs"] == 4
+    ckpt = load_latest(out / "checkpoints")
+    assert ckpt["iteration"] == 8 and ckpt["counters"]["env_steps"] == steps[-1]
+
+
+def test_resume_continues_the_short_run(short_run):
+    out, first = short_run
+    assert first.returncode == 0, first.stderr
+    before = read_csv(out / "metrics.csv")
+    result = daskrl(["train", GRAPH, "--steps", "5000", "--out", str(out), "--no-progress",
+                     "--num-envs", "4", "--resume", "--no-eval"], out.parent)
+    assert result.returncode == 0, result.stderr
+    rows = read_csv(out / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 11))
+    assert rows[:8] == before
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and steps[7] == int(before[-1]["env_steps"])
+    assert load_latest(out / "checkpoints")["iteration"] == 10
+
+
+@pytest.mark.xfail(
+    reason="--steps is turned into iterations of num_steps x num_envs x num_actors slots "
+           "(daskrl/driver.py), but reset steps are dropped, so a run ends with fewer env "
+           "steps than asked for (e.g. 498,801 for --steps 500000)",
+    raises=AssertionError, strict=True)
+def test_a_run_takes_at_least_the_steps_asked_for(cluster_tiny_ppo, tmp_path):
+    algo = cluster_tiny_ppo(num_actors=1)
+    steps = 3 * algo.steps_per_iteration
+    settings = RunSettings(out=tmp_path, steps=steps, progress=False, eval=False,
+                           tensorboard=False)
+    summary = train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
+    assert summary["env_steps"] >= steps
+
+
+# --------------------------------------------------------------------------- bad input
+
+BAD = {
+    "unknown env": (["--env", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+    "unknown distribution": (["--distribution", "bogus"], "unknown distribution 'bogus'"),
+    "malformed resources": (["--resources", "learner"], "malformed --resources 'learner'"),
+    "resource nobody offers": (["--resources", "learner=TPU:1"],
+                               "fragment 'learner' needs TPU:1, which no worker offers"),
+    "unreachable scheduler": (["--scheduler", "tcp://127.0.0.1:{port}"],
+                              "cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}'"),
+    "resume without checkpoints": (["--resume"], "--resume: no checkpoints under"),
+    "missing graph": (None, "graph script 'no_such_graph.py' not found"),
+    "zero workers": (["--workers", "0"], "--workers must be >= 1"),
+    "zero checkpoint interval": (["--checkpoint-every", "0"], "--checkpoint-every"),
+}
+XFAIL: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory) -> dict[str, tuple[Result, str]]:
+    """Every bad command's result and expected message; three run at a time, each timed
+    from its own start to its own exit."""
+    cwd = tmp_path_factory.mktemp("bad")
+    port = free_port()
+    queue = []
+    for name, (flags, message) in BAD.items():
+        if flags is None:
+            args = ["train", "no_such_graph.py", "--steps", "100"]
+        else:
+            args = ["train", GRAPH, "--steps", "600", "--num-envs", "2", "--num-steps", "64",
+                    "--no-progress", "--no-eval", "--out", str(cwd / name.replace(" ", "_")),
+                    *[f.format(port=port) for f in flags]]
+        queue.append((name, args, message.format(port=port)))
+    running: dict[str, tuple[subprocess.Popen, float, str]] = {}
+    results: dict[str, tuple[Result, str]] = {}
+    deadline = time.monotonic() + 600
+    while queue or running:
+        while queue and len(running) < 3:
+            name, args, message = queue.pop(0)
+            running[name] = (*start(args, cwd), message)
+        for name, (proc, t0, message) in list(running.items()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                results[name] = (finish(proc, t0, timeout=1), message)
+                del running[name]
+        time.sleep(0.05)
+    return results
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(reason=XFAIL[n], raises=AssertionError, strict=True))
+    if n in XFAIL else n for n in BAD])
+def test_bad_input_stops_with_one_clear_error_line(bad_runs, name):
+    result, message = bad_runs[name]
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = result.error_lines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0], lines[0]
+    assert result.stderr.rstrip().splitlines()[-1] == lines[0]  # the last word is the error
+    assert result.stdout == ""
+    limit = 75 if name == "unreachable scheduler" else 60  # 10 s connect timeout + start-up
+    assert result.seconds < limit, result.seconds

@@ -1,0 +1,225 @@
+"""Worker-resident state: kept across iterations on one worker, rebuilt on another.
+
+Runs on real worker processes (``cluster_gpu_client``: ``w0`` {CPU: 1}, ``w1`` {CPU: 1,
+GPU: 1}); one test adds and retires a third worker, another resumes on a new cluster.
+"""
+
+from __future__ import annotations
+
+import csv
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from distributed import Client
+
+from daskrl import plan_placement, resident
+from daskrl.checkpoint import load_latest
+from daskrl.cluster import local_cluster, worker_resources
+from daskrl.distributions import IterationInputs, get_distribution
+from daskrl.driver import RunSettings, initial_output, train
+from daskrl.state import drop_run, worker_name
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+# --------------------------------------------------------------------------- the registry itself
+
+
+class Closable:
+    def __init__(self):
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_resident_builds_once_per_key_in_process():
+    run = uuid.uuid4().hex[:8]
+    calls = []
+
+    def build(tag):
+        calls.append(tag)
+        return Closable()
+
+    a, built_a = resident((run, "rollout", 0), lambda: build("a"))
+    again, built_again = resident((run, "rollout", 0), lambda: build("again"))
+    b, built_b = resident((run, "rollout", 1), lambda: build("b"))
+    assert (built_a, built_again, built_b) == (True, False, True)
+    assert again is a and b is not a and calls == ["a", "b"]
+    other, _ = resident(("other" + run, "rollout", 0), Closable)
+    assert worker_name() == "local"
+    assert drop_run(run) == 2
+    assert a.closed and b.closed and not other.closed
+    assert resident((run, "rollout", 0), lambda: "fresh") == ("fresh", True)
+    assert drop_run(run) == 1 and drop_run("other" + run) == 1
+
+
+def test_a_failed_build_stores_nothing():
+    run = uuid.uuid4().hex[:8]
+
+    def boom():
+        raise RuntimeError("env failed to start")
+
+    with pytest.raises(RuntimeError, match="env failed"):
+        resident((run, "rollout", 0), boom)
+    assert resident((run, "rollout", 0), lambda: 7) == (7, True)
+    drop_run(run)
+
+
+def test_resident_state_lives_on_each_worker(cluster_gpu_client):
+    client = cluster_gpu_client
+    run = uuid.uuid4().hex[:8]
+
+    def touch(i):
+        obj, built = resident((run, "rollout", 0), lambda: {"born": worker_name(), "calls": 0})
+        obj["calls"] += 1
+        return worker_name(), built, obj["born"], obj["calls"]
+
+    on = [("w0", 0), ("w0", 1), ("w1", 2), ("w0", 3), ("w1", 4)]
+    results = [client.submit(touch, i, workers=[w], pure=False).result() for w, i in on]
+    assert results == [("w0", True, "w0", 1), ("w0", False, "w0", 2), ("w1", True, "w1", 1),
+                       ("w0", False, "w0", 3), ("w1", False, "w1", 2)]
+    # nothing of it went into worker.data (which Dask spills and moves)
+    keys = client.run(lambda dask_worker: [str(k) for k in dask_worker.data])
+    assert not any(run in k for ks in keys.values() for k in ks)
+    dropped = [client.submit(drop_run, run, workers=[w], pure=False).result()
+               for w in ("w0", "w1", "w0")]
+    assert dropped == [1, 1, 0]
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_actors_and_learner_are_reused_across_iterations(
+    cluster_gpu_client, cluster_tiny_ppo, tmp_path
+):
+    algo = cluster_tiny_ppo(num_actors=1)
+    settings = RunSettings(out=tmp_path, steps=4 * algo.steps_per_iteration, seed=5,
+                           progress=False, eval=False)
+    train(cluster_gpu_client, algo, get_distribution("actors-learner"), settings)
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [r["actors_built"] for r in rows] == ["1", "0", "0", "0"]
+    assert [r["learner_built"] for r in rows] == ["True", "False", "False", "False"]
+    assert {r["learner_worker"] for r in rows} == {"w1"}
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and steps[0] > 0  # cumulative
+
+
+def resident_keys(client) -> dict[str, list[str]]:
+    """Worker name -> keys of the objects resident there (read inside a task on each)."""
+
+    def keys():
+        from distributed import get_worker
+
+        return sorted(map(str, getattr(get_worker(), "_daskrl_resident", {})))
+
+    names = worker_resources(client)
+    return {w: client.submit(keys, workers=[w], pure=False).result() for w in names}
+
+
+def test_run_state_is_dropped_from_the_workers_after_training(
+    cluster_gpu_client, cluster_tiny_ppo, tmp_path
+):
+    algo = cluster_tiny_ppo(num_actors=1)
+    settings = RunSettings(out=tmp_path, steps=algo.steps_per_iteration, seed=6,
+                           progress=False, eval=False)
+    before = resident_keys(cluster_gpu_client)
+    train(cluster_gpu_client, algo, get_distribution("actors-learner"), settings)
+    assert resident_keys(cluster_gpu_client) == before
+
+
+def test_replica_is_rebuilt_on_another_worker_when_its_worker_retires(
+    cluster_gpu_client, cluster_tiny_ppo
+):
+    client, cluster = cluster_gpu_client, cluster_gpu_client.cluster
+    run = uuid.uuid4().hex[:8]
+    spec = dict(cluster.worker_spec["w0"])
+    spec["options"] = {**spec["options"], "resources": {"CPU": 1}}
+    cluster.worker_spec["w2"] = spec
+    cluster.sync(cluster._correct_state)
+    try:
+        client.wait_for_workers(3, timeout=60)
+        algo = cluster_tiny_ppo(num_actors=2)
+        dist = get_distribution("actors-learner")
+        placement = plan_placement(dist.fragments(algo), worker_resources(client))
+        assert placement.workers["rollout"] == ("w0", "w2")
+        learner_in, _, _ = initial_output(algo, RunSettings(out=Path("unused")))
+        futures = [learner_in]
+
+        def iteration(k):
+            # chained through futures, as the driver does: the learner's output stays on w1
+            inputs = IterationInputs(algo, placement, run, 1, k, 10, futures[-1])
+            futures.append(client.compute(dist.iteration(inputs)))
+            return futures[-1].result(timeout=60)
+
+        outs = [learner_in]
+        for k in range(2):
+            outs.append(iteration(k))
+        assert [o.metrics["actors_built"] for o in outs[1:]] == [2, 0]
+        assert [o.metrics["rollout_workers"] for o in outs[1:]] == ["0@w0;1@w2"] * 2
+        del cluster.worker_spec["w2"]  # retire the worker holding replica 1
+        cluster.sync(cluster._correct_state)
+        assert set(worker_resources(client)) == {"w0", "w1"}
+        # pins are strict: like the driver, plan placement again on the workers left
+        placement = plan_placement(dist.fragments(algo), worker_resources(client))
+        assert placement.workers["rollout"] == ("w0", "w0")
+        for k in range(2, 4):
+            outs.append(iteration(k))
+        moved = outs[3].metrics
+        assert moved["actors_built"] == 1  # only replica 1 was rebuilt
+        assert moved["learner_built"] is False and moved["learner_worker"] == "w1"
+        where = dict(p.split("@") for p in moved["rollout_workers"].split(";"))
+        assert where == {"0+1": "w0"}  # co-located replicas run fused in one task
+        assert [o.version for o in outs] == [0, 1, 2, 3, 4]
+        assert all(o.metrics["env_steps"] > 0 for o in outs[1:])
+    finally:
+        cluster.worker_spec.pop("w2", None)
+        cluster.sync(cluster._correct_state)
+        for w in worker_resources(client):
+            client.submit(drop_run, run, workers=[w], pure=False).result()
+
+
+def test_resume_on_a_new_worker_set_rebuilds_state_from_the_checkpoint(
+    cluster_gpu_client, cluster_tiny_ppo, tmp_path
+):
+    algo = cluster_tiny_ppo(num_actors=1)
+    per_it = algo.steps_per_iteration
+    dist = get_distribution("actors-learner")
+    first = train(cluster_gpu_client, algo, dist,
+                  RunSettings(out=tmp_path, steps=2 * per_it, seed=2, progress=False, eval=False))
+    saved = load_latest(tmp_path / "checkpoints")
+    assert saved["iteration"] == 2 and saved["counters"]["env_steps"] == first["env_steps"]
+
+    # a learning rate of 0 keeps the weights: after the resumed iterations they must still be
+    # the checkpoint's, which they are only if the new learner loaded them
+    frozen = cluster_tiny_ppo(num_actors=1, learning_rate=0.0)
+    cluster = local_cluster([{"CPU": 1}])  # no GPU: the learner falls back to CPU
+    client = Client(cluster)
+    try:
+        client.wait_for_workers(1, timeout=60)
+        summary = train(client, frozen, dist,
+                        RunSettings(out=tmp_path, steps=4 * per_it, seed=2, resume=True,
+                                    progress=False, eval=False))
+    finally:
+        client.close()
+        cluster.close()
+    assert summary["placement"]["learner"] == ["w0"] and summary["placement"]["rollout"] == ["w0"]
+    rows = read_csv(tmp_path / "metrics.csv")
+    assert [r["iteration"] for r in rows] == ["1", "2", "3", "4"]
+    assert [r["actors_built"] for r in rows] == ["1", "0", "1", "0"]
+    assert [r["learner_built"] for r in rows] == ["True", "False", "True", "False"]
+    assert [r["learner_worker"] for r in rows] == ["w1", "w1", "w0", "w0"]
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and steps[1] == first["env_steps"]
+    assert summary["env_steps"] == steps[-1] > first["env_steps"]
+    final = load_latest(tmp_path / "checkpoints")
+    assert final["iteration"] == 4
+    for name, value in saved["learner"]["model"].items():
+        assert torch.equal(final["learner"]["model"][name], value), name
