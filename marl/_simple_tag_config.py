@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-NEIGHBOR_METHODS = ("auto", "dense", "grid")
+NEIGHBOR_METHODS = ("auto", "pairs", "dense", "grid")
 
 
 def _check_int(name: str, value: Any, low: int, hint: str) -> None:
@@ -46,8 +46,11 @@ class SimpleTagConfig:
     dtype : torch.dtype
         ``torch.float32`` (default) or ``torch.float64``.
     neighbor_method : str
-        ``"dense"`` (all pairs per environment), ``"grid"`` (uniform-grid binning,
-        for large teams) or ``"auto"`` (dense up to ``grid_threshold`` agents).
+        How pairs are found: ``"pairs"`` (fixed pair list as exact 0/±1 matrix
+        products, fastest for small teams), ``"dense"`` (all pairs of each
+        environment, chunked over environments), ``"grid"`` (uniform-grid binning,
+        for large teams) or ``"auto"`` (pairs up to 32 agents, then dense up to
+        ``grid_threshold`` agents, then grid).
     grid_threshold : int
         Team size above which ``"auto"`` uses the grid.
     compile : bool
@@ -73,7 +76,7 @@ class SimpleTagConfig:
     auto_reset: bool = True
     dtype: torch.dtype = torch.float32
     neighbor_method: str = "auto"
-    grid_threshold: int = 256
+    grid_threshold: int = 320
     compile: bool = False
     chunk_elems: int = 1 << 22
 
@@ -95,7 +98,7 @@ class SimpleTagConfig:
                 f"neighbor_method must be one of {NEIGHBOR_METHODS}, "
                 f"got {self.neighbor_method!r}"
             )
-        _check_int("grid_threshold", self.grid_threshold, 1, "e.g. 256")
+        _check_int("grid_threshold", self.grid_threshold, 1, "e.g. 320")
         _check_int("chunk_elems", self.chunk_elems, 1, "e.g. 1 << 22")
 
     @property

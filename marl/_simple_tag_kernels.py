@@ -56,6 +56,36 @@ class TagConstants:
     damping: float = 0.25
     dt: float = 0.1
 
+    @classmethod
+    def build(
+        cls,
+        num_adversaries: int,
+        num_good: int,
+        num_obstacles: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> TagConstants:
+        """Constants of ``mpe2``'s simple tag: adversaries radius 0.075, accel 3,
+        max speed 1; good agents 0.05, 4, 1.3; obstacles radius 0.2."""
+        na, ng = num_adversaries, num_good
+
+        def per_team(adversary: float, good_agent: float) -> Tensor:
+            return torch.tensor([adversary] * na + [good_agent] * ng, dtype=dtype, device=device)
+
+        good = torch.arange(na + ng, device=device) >= na
+        size = per_team(0.075, 0.05)
+        ent_size = torch.cat((size, torch.full((num_obstacles,), 0.2, dtype=dtype, device=device)))
+        return cls(
+            num_agents=na + ng,
+            num_landmarks=num_obstacles,
+            accel=per_team(3.0, 4.0),
+            max_speed=per_team(1.0, 1.3),
+            size=size,
+            is_good=good,
+            dist_min=size[:, None] + ent_size[None, :],
+            opposite=good[:, None] ^ good[None, :],
+        )
+
 
 @dataclass
 class PassResult:
@@ -71,12 +101,27 @@ class PassResult:
         ``[E, A, k]`` indices of the nearest other agents, closest first.
     landmark_idx : Tensor or None
         ``[E, A, kl]`` indices of the nearest obstacles, closest first.
+    features : Tensor or None
+        Per-environment flattened state the pass was computed from (pair engine).
     """
 
     force: Tensor
     caught: Tensor
     agent_idx: Tensor | None
     landmark_idx: Tensor | None
+    features: Tensor | None = None
+
+    def assign_rows(self, rows: Tensor, other: PassResult) -> None:
+        """Overwrite environment ``rows`` with the pass result ``other`` of those rows."""
+        self.force[rows] = other.force
+        self.caught[rows] = other.caught
+        if self.agent_idx is not None and other.agent_idx is not None:
+            self.agent_idx[rows] = other.agent_idx
+        if self.landmark_idx is not None and other.landmark_idx is not None:
+            self.landmark_idx[rows] = other.landmark_idx
+
+
+SOFTPLUS_FLOOR = -40.0
 
 
 def contact_coefficient(dist: Tensor, dist_min: Tensor, c: TagConstants) -> Tensor:
@@ -84,22 +129,26 @@ def contact_coefficient(dist: Tensor, dist_min: Tensor, c: TagConstants) -> Tens
 
     ``penetration = margin * log(1 + exp((dist_min - dist) / margin))`` is the
     softened overlap used by the particle-world physics; the force on an agent is
-    ``-coefficient * (p_other - p_self)``.
+    ``-coefficient * (p_other - p_self)``. The exponent is floored at -40 (a gap
+    of 0.04 beyond contact), where the force is below ``1e-17``: this keeps the
+    exponential out of its slow subnormal range.
     """
-    pen = softplus((dist_min - dist) / c.contact_margin) * c.contact_margin
-    return pen * c.contact_force / dist
+    z = torch.addcdiv(dist_min / c.contact_margin, dist, dist.new_full((), -c.contact_margin))
+    pen = softplus(z.clamp_(min=SOFTPLUS_FLOOR)).mul_(c.contact_margin * c.contact_force)
+    return pen.div_(dist)
 
 
 def _dense_chunk(
     ent: Tensor, c: TagConstants, k: int | None, kl: int | None
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     a = c.num_agents
-    pos = ent[:, :a]
-    rel = ent[:, None, :, :] - pos[:, :, None, :]  # [e, A, N, 2]: other - self
-    dist = rel.square().sum(-1).sqrt_()  # [e, A, N]
+    px, py = ent[..., 0].contiguous(), ent[..., 1].contiguous()  # [e, N]
+    dx = px[:, None, :] - px[:, :a, None]  # [e, A, N]: other - self
+    dy = py[:, None, :] - py[:, :a, None]
+    dist = torch.addcmul(dx * dx, dy, dy).sqrt_()
     dist[:, :, :a].diagonal(0, 1, 2).fill_(float("inf"))
     coef = contact_coefficient(dist, c.dist_min, c)
-    force = -(coef.unsqueeze(-1) * rel).sum(2)
+    force = torch.stack(((coef * dx).sum(-1).neg_(), (coef * dy).sum(-1).neg_()), dim=-1)
     d_agents = dist[:, :, :a]
     caught = ((d_agents < c.dist_min[:, :a]) & c.opposite).sum(-1)
     agent_idx = None
@@ -132,7 +181,7 @@ def dense_pass(
         number available), or ``None`` to skip the neighbour search.
     chunk_elems : int
         Upper bound on ``e * A * (A + L)`` pair elements processed at once; bounds
-        the temporary memory at about ``40 * chunk_elems`` bytes.
+        the temporary memory at about ``8 * 4 * chunk_elems`` bytes (float32).
 
     Returns
     -------
@@ -157,37 +206,91 @@ def dense_pass(
     return PassResult(force, caught, agent_idx, landmark_idx)
 
 
-def action_force(actions: Tensor, c: TagConstants, continuous: bool) -> Tensor:
-    """Map actions to the applied force ``[E, A, 2]`` (already scaled by ``accel``).
+class ActionMap:
+    """Turns actions into applied forces ``[E, A, 2]`` (already scaled by ``accel``).
 
-    Discrete ``a`` in ``0..4`` means no-op, left, right, down, up; a continuous
-    action ``v`` of length 5 (clipped to ``[0, 1]``) gives ``(v2 - v1, v4 - v3)``.
+    Discrete ``a`` in ``0..4`` means no-op, left, right, down, up (unit force
+    times ``accel``); a continuous action ``v`` of length 5, clipped to
+    ``[0, 1]``, gives ``accel * (v2 - v1, v4 - v3)``.
+
+    Parameters
+    ----------
+    c : TagConstants
+        World constants.
+    num_envs : int
+        Rows of the action batches.
+    continuous : bool
+        Float ``[E, A, 5]`` actions instead of integer ``[E, A]`` ones.
     """
-    if continuous:
-        v = actions.clamp(0.0, 1.0)
-        u = torch.stack((v[..., 2] - v[..., 1], v[..., 4] - v[..., 3]), dim=-1)
-    else:
-        table = torch.tensor(
-            [[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]],
-            dtype=c.accel.dtype,
-            device=c.accel.device,
+
+    def __init__(self, c: TagConstants, num_envs: int, continuous: bool) -> None:
+        a, dt, dev = c.num_agents, c.accel.dtype, c.accel.device
+        dirs = torch.tensor(
+            [[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], dtype=dt, device=dev
         )
-        u = table[actions]
-    return u * c.accel[:, None]
+        self.table = (dirs[None] * c.accel[:, None, None]).reshape(a * 5, 2)
+        self.offset = torch.arange(a, device=dev) * 5
+        self.diff = torch.tensor(
+            [[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], dtype=dt, device=dev
+        )
+        self.accel = c.accel[None, :, None].expand(num_envs, a, 2).contiguous()
+        self.shape = (num_envs, a)
+        self.dtype = dt
+        self.continuous = continuous
+
+    def check(self, actions: Tensor, device: torch.device) -> Tensor:
+        """Validate a batch of actions and move it to ``device``.
+
+        Raises
+        ------
+        ValueError
+            On a wrong shape, dtype or (discrete) value range.
+        """
+        if not isinstance(actions, Tensor):
+            actions = torch.as_tensor(actions)
+        e, a = self.shape
+        if self.continuous:
+            if actions.shape != (e, a, 5) or not actions.is_floating_point():
+                raise ValueError(
+                    f"actions must be a float tensor of shape [{e}, {a}, 5] for continuous "
+                    f"actions, got {actions.dtype} {tuple(actions.shape)}"
+                )
+            return actions.to(device=device, dtype=self.dtype)
+        if actions.shape != (e, a) or actions.is_floating_point() or actions.dtype == torch.bool:
+            raise ValueError(
+                f"actions must be an integer tensor of shape [{e}, {a}] with values 0..4, "
+                f"got {actions.dtype} {tuple(actions.shape)}; pass continuous_actions=True "
+                "for float actions"
+            )
+        actions = actions.to(device=device, dtype=torch.long)
+        low, high = torch.aminmax(actions)
+        if int(low) < 0 or int(high) > 4:
+            raise ValueError("actions must lie in 0..4 (no-op, left, right, down, up)")
+        return actions
+
+    def __call__(self, actions: Tensor) -> Tensor:
+        """Force ``[E, A, 2]`` for actions ``[E, A]`` (int) or ``[E, A, 5]`` (float)."""
+        if self.continuous:
+            e, a, _ = actions.shape
+            u = actions.clamp(0.0, 1.0).reshape(e * a, 5) @ self.diff
+            return u.view(e, a, 2).mul_(self.accel)
+        return torch.nn.functional.embedding(actions + self.offset, self.table)
 
 
-def integrate(pos: Tensor, vel: Tensor, force: Tensor, c: TagConstants) -> None:
+def integrate(pos: Tensor, vel: Tensor, force: Tensor, cap: Tensor, c: TagConstants) -> None:
     """Advance agent positions and velocities in place by one time step.
 
     Position moves with the old velocity, then velocity is damped, accelerated
-    by ``force`` (unit mass) and rescaled to at most ``max_speed``.
+    by ``force`` (unit mass) and rescaled to at most ``cap`` (``[E, A]``, the
+    per-agent ``max_speed`` expanded over environments).
     """
     pos.add_(vel, alpha=c.dt)
     vel.mul_(1.0 - c.damping).add_(force, alpha=c.dt)
-    speed = vel.square().sum(-1, keepdim=True).sqrt_()
-    cap = c.max_speed[:, None]
-    scale = torch.where(speed > cap, cap / speed, torch.ones_like(speed))
-    vel.mul_(scale)
+    sq = vel.square()
+    speed = (sq[..., 0] + sq[..., 1]).sqrt_()
+    scale = torch.div(cap, speed).clamp_(max=1.0)
+    vel[..., 0].mul_(scale)
+    vel[..., 1].mul_(scale)
 
 
 def bound_penalty(pos: Tensor) -> Tensor:
@@ -197,20 +300,22 @@ def bound_penalty(pos: Tensor) -> Tensor:
     ``min(exp(2x - 2), 10)`` beyond, applied to ``|x|`` and ``|y|``.
     """
     x = pos.abs()
-    ramp = (x - 0.9) * 10.0
+    ramp = (x - 0.9).mul_(10.0).clamp_(min=0.0)
     outer = torch.exp(2.0 * x - 2.0).clamp_(max=10.0)
-    b = torch.where(x < 0.9, torch.zeros_like(x), torch.where(x < 1.0, ramp, outer))
-    return b.sum(-1)
+    b = torch.where(x < 1.0, ramp, outer)
+    return b[..., 0] + b[..., 1]
 
 
-def rewards(pos: Tensor, caught: Tensor, c: TagConstants) -> Tensor:
+def rewards(pos: Tensor, caught: Tensor, c: TagConstants, num_adversaries: int) -> Tensor:
     """Per-agent rewards ``[E, A]`` from collision counts and positions.
 
     Every adversary receives ``+10`` per (good, adversary) pair in collision in
     its environment; each good agent gets ``-10`` per adversary touching it and
     the boundary penalty.
     """
-    good = c.is_good
-    catches = (caught * good).sum(-1, keepdim=True).to(pos.dtype)  # [E, 1]
-    good_rew = -10.0 * caught.to(pos.dtype) - bound_penalty(pos)
-    return torch.where(good, good_rew, 10.0 * catches)
+    na = num_adversaries
+    caught_good = caught[:, na:].to(pos.dtype)
+    rew = torch.empty(caught.shape, dtype=pos.dtype, device=pos.device)
+    rew[:, :na] = caught_good.sum(-1, keepdim=True) * 10.0
+    torch.sub(caught_good.mul_(-10.0), bound_penalty(pos[:, na:]), out=rew[:, na:])
+    return rew

@@ -4,11 +4,11 @@ For a handful of agents per environment every quantity of a step is a linear
 map of the flattened state followed by elementwise work on contiguous
 ``[E, P]`` tensors (``P`` unordered agent-agent and agent-obstacle pairs):
 
-* relative positions of all pairs: ``pos_flat @ Mp + lm_flat @ Ml`` (the
-  obstacle term is constant within an episode and cached);
+* relative positions of all pairs: ``X @ M`` with ``X = [pos | vel | obstacles]``
+  flattened per environment;
 * contact-force sums: ``(coef * dx) @ G`` with ``G`` in ``{-1, 0, +1}``;
 * collision counts: ``touch @ H`` with ``H`` in ``{0, 1}``;
-* full observations: ``pos_flat @ Wp + vel_flat @ Wv + lm_flat @ Wl``.
+* full observations: ``X @ W``.
 
 The matrices hold only ``-1``, ``0`` and ``+1`` and every output is a single
 entry or the difference of two, so the products are exact (the same rounding as
@@ -19,11 +19,13 @@ the default).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 from torch.nn.functional import softplus
 
-from marl._simple_tag_kernels import PassResult, TagConstants
+from marl._simple_tag_kernels import SOFTPLUS_FLOOR, PassResult, TagConstants
 from marl._simple_tag_obs import ObsLayout
 
 
@@ -45,6 +47,12 @@ class PairEngine:
     def __init__(self, c: TagConstants, lay: ObsLayout) -> None:
         a, nl = c.num_agents, c.num_landmarks
         dev, dt = c.accel.device, c.accel.dtype
+        if dev.type == "cuda" and dt == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+            warnings.warn(
+                "TF32 matmul is enabled (torch.backends.cuda.matmul.allow_tf32): relative "
+                "positions lose precision; disable it, or use neighbor_method='dense'",
+                stacklevel=3,
+            )
         pairs = [(i, j) for i in range(a) for j in range(i + 1, a)]
         pairs += [(i, a + m) for i in range(a) for m in range(nl)]
         self.num_pairs = p = len(pairs)
@@ -52,6 +60,7 @@ class PairEngine:
         mp = torch.zeros(2 * a, 2 * p, dtype=dt)  # columns: dx of each pair, then dy
         ml = torch.zeros(max(2 * nl, 1), 2 * p, dtype=dt)
         g = torch.zeros(p, a, dtype=dt)
+        g2 = torch.zeros(2 * p, 2 * a, dtype=dt)  # (dx | dy) of pairs -> interleaved forces
         dmin = torch.zeros(p, dtype=dt)
         opp = []
         for col, (i, j) in enumerate(pairs):
@@ -62,12 +71,18 @@ class PairEngine:
                 else:
                     ml[2 * (j - a) + ax, ax * p + col] = 1.0
             g[col, i] = -1.0
+            for ax in range(2):
+                g2[ax * p + col, 2 * i + ax] = -1.0
+                if j < a:
+                    g2[ax * p + col, 2 * j + ax] = 1.0
             if j < a:
                 g[col, j] = 1.0
                 if bool(c.is_good[i]) != bool(c.is_good[j]):
                     opp.append(col)
             dmin[col] = c.dist_min[i, j]
-        self.mp, self.ml, self.g = mp.to(dev), ml.to(dev), g.to(dev)
+        # rows of the feature matrix X: [pos (2A) | vel (2A) | obstacles (2L)]
+        self.m_pair = torch.cat((mp, torch.zeros(2 * a, 2 * p, dtype=dt), ml[: 2 * nl])).to(dev)
+        self.g2t = g2.t().contiguous().to(dev)
         self.dmin_scaled = (dmin / c.contact_margin).to(dev)
         self.opp = torch.tensor(opp, dtype=torch.long, device=dev)
         self.opp_dmin = dmin[self.opp.cpu()].to(dev)
@@ -82,7 +97,9 @@ class PairEngine:
             device=dev,
         )
         self.lm_cols = slice(a * (a - 1) // 2, p)
-        self._build_obs_maps(dev, dt)
+        self.full_obs = lay.k is None and lay.kl is None
+        if self.full_obs:
+            self._build_obs_maps(dev, dt)
 
     def _build_obs_maps(self, dev: torch.device, dt: torch.dtype) -> None:
         c, lay = self.c, self.lay
@@ -112,18 +129,15 @@ class PairEngine:
                     for ax in range(2):
                         wv[2 * o + ax, col + ax] = 1.0
                 col += 2
-        self.wp, self.wv, self.wl = wp.to(dev), wv.to(dev), wl.to(dev)
+        self.w_obs = torch.cat((wp, wv, wl[: 2 * nl])).to(dev)
 
-    def landmark_terms(self, lm: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Cacheable obstacle contributions to pair offsets and observations."""
-        e = lm.shape[0]
-        if self.c.num_landmarks == 0:
-            return lm.new_zeros(e, 2 * self.num_pairs), None
-        lf = lm.reshape(e, -1)
-        obs_l = lf @ self.wl if self.lay.k is None and self.lay.kl is None else None
-        return lf @ self.ml, obs_l
+    @staticmethod
+    def features(pos: Tensor, vel: Tensor, lm: Tensor) -> Tensor:
+        """Feature matrix ``X = [pos | vel | obstacles]`` of shape ``[E, 4A + 2L]``."""
+        e = pos.shape[0]
+        return torch.cat((pos.reshape(e, -1), vel.reshape(e, -1), lm.reshape(e, -1)), dim=1)
 
-    def pass_(self, pos: Tensor, lm_term: Tensor) -> PassResult:
+    def pass_(self, pos: Tensor, vel: Tensor, lm: Tensor) -> PassResult:
         """Pairwise pass for agent positions ``pos`` ``[E, A, 2]``.
 
         Returns forces, collision counts and, under partial observability, the
@@ -132,14 +146,16 @@ class PairEngine:
         c, lay = self.c, self.lay
         e, a, _ = pos.shape
         p = self.num_pairs
-        dxy = torch.addmm(lm_term, pos.reshape(e, 2 * a), self.mp)
+        x = self.features(pos, vel, lm)
+        dxy = x @ self.m_pair
         sq = dxy.square()
         dist = (sq[:, :p] + sq[:, p:]).sqrt_()
         z = torch.addcdiv(self.dmin_scaled, dist, dist.new_full((), -c.contact_margin))
+        z.clamp_(min=SOFTPLUS_FLOOR)
         coef = softplus(z).mul_(c.contact_margin * c.contact_force).div_(dist)
-        w = dxy.view(e, 2, p) * coef.unsqueeze(1)
-        force = torch.stack((w[:, 0] @ self.g, w[:, 1] @ self.g), dim=-1)
-        touch = (dist[:, self.opp] < self.opp_dmin).to(pos.dtype)
+        w = torch.cat((coef, coef), dim=1).mul_(dxy)
+        force = (self.g2t @ w.t()).t().view(e, a, 2)
+        touch = (dist.index_select(1, self.opp) < self.opp_dmin).to(pos.dtype)
         caught = (touch @ self.h).round_().long()
         agent_idx = landmark_idx = None
         if lay.k is not None and lay.k_eff > 0:
@@ -149,13 +165,8 @@ class PairEngine:
         if lay.kl is not None and lay.kl_eff > 0:
             d_lm = dist[:, self.lm_cols].reshape(e, a, c.num_landmarks)
             landmark_idx = d_lm.topk(lay.kl_eff, dim=-1, largest=False, sorted=True).indices
-        return PassResult(force, caught, agent_idx, landmark_idx)
+        return PassResult(force, caught, agent_idx, landmark_idx, features=x)
 
-    def observe(self, pos: Tensor, vel: Tensor, obs_l: Tensor | None) -> Tensor:
-        """Full observations ``[E, A, obs_dim]`` as two matrix products."""
-        e, a, _ = pos.shape
-        out = pos.reshape(e, 2 * a) @ self.wp
-        if obs_l is not None:
-            out += obs_l
-        out.addmm_(vel.reshape(e, 2 * a), self.wv)
-        return out.view(e, a, self.lay.obs_dim)
+    def observe(self, x: Tensor) -> Tensor:
+        """Full observations ``[E, A, obs_dim]`` from the feature matrix ``x``."""
+        return (x @ self.w_obs).view(x.shape[0], self.c.num_agents, self.lay.obs_dim)

@@ -43,15 +43,24 @@ first, zero-padded when fewer exist; velocity slots hold good neighbours'
 velocities and zeros for adversaries (``mpe2``'s partial observability). Large
 teams need it: memory is then O(E * A * k).
 
+Resets: ``reset(seed, state=None)`` draws new episodes (or takes explicit
+positions/velocities); with ``auto_reset=True`` (default) ``step`` resets only
+the environments that finished, returns their new first observation and puts
+the last one in ``info["final_obs"]`` (``info["reset_mask"]`` marks them).
+
+Exactness: in float64 observations and rewards equal ``mpe2``'s to its float32
+output rounding (~1e-7); in float32 (default) typically to ~2e-6 over a 25-step
+episode, contacts amplifying rounding to ~2e-4 at worst. Contact forces
+of pairs over 0.04 apart beyond touching are floored near 1e-17, and the grid
+method skips pairs over 0.025 beyond touching (forces below 1.4e-12).
+
 ### Arguments
 
-``SimpleTag(num_envs, config=None, *, device="cpu", **overrides)`` where the
-overrides are fields of :class:`SimpleTagConfig`: ``num_good=1``,
+``SimpleTag(num_envs, config=None, *, device="cpu", **overrides)``, the
+overrides being fields of :class:`SimpleTagConfig` (``num_good=1``,
 ``num_adversaries=3``, ``num_obstacles=2``, ``max_cycles=25``,
 ``continuous_actions=False``, ``num_agent_neighbors=None``,
-``num_landmark_neighbors=None``, ``terminate_on_success=False``,
-``auto_reset=True``, ``dtype=torch.float32``, ``neighbor_method="auto"``,
-``compile=False``.
+``num_landmark_neighbors=None``, ``neighbor_method="auto"``, ``compile=False``...).
 """
 
 from __future__ import annotations
@@ -64,14 +73,15 @@ from torch import Tensor
 
 from marl._simple_tag_config import SimpleTagConfig, SimpleTagState
 from marl._simple_tag_kernels import (
+    ActionMap,
     PassResult,
     TagConstants,
-    action_force,
     dense_pass,
     integrate,
     rewards,
 )
 from marl._simple_tag_obs import make_layout, observe
+from marl._simple_tag_pairs import PairEngine
 
 __all__ = ["SimpleTag", "SimpleTagConfig", "SimpleTagState"]
 
@@ -130,26 +140,8 @@ class SimpleTag:
         self.agent_names = tuple(
             [f"adversary_{i}" for i in range(na)] + [f"agent_{i}" for i in range(ng)]
         )
-        self.team = torch.cat(
-            (torch.zeros(na, dtype=torch.long), torch.ones(ng, dtype=torch.long))
-        ).to(dev)
-        good = self.team.bool()
-
-        def per_team(adversary: float, good_agent: float) -> Tensor:
-            return torch.tensor([adversary] * na + [good_agent] * ng, dtype=dt, device=dev)
-
-        size = per_team(0.075, 0.05)
-        ent_size = torch.cat((size, torch.full((nl,), 0.2, dtype=dt, device=dev)))
-        self.constants = TagConstants(
-            num_agents=a,
-            num_landmarks=nl,
-            accel=per_team(3.0, 4.0),
-            max_speed=per_team(1.0, 1.3),
-            size=size,
-            is_good=good,
-            dist_min=size[:, None] + ent_size[None, :],
-            opposite=good[:, None] ^ good[None, :],
-        )
+        self.constants = TagConstants.build(na, ng, nl, dt, dev)
+        self.team = self.constants.is_good.long()
         k, kl = cfg.num_agent_neighbors, cfg.num_landmark_neighbors
         self.layout = make_layout(na, ng, nl, k, kl, dev)
         self.obs_dims = self.layout.obs_dims
@@ -159,11 +151,16 @@ class SimpleTag:
         self._state_mask = None if bool(mask.all()) else mask.reshape(-1)
         method = cfg.neighbor_method
         if method == "auto":
-            method = "dense" if a <= cfg.grid_threshold else "grid"
+            method = "pairs" if a <= 32 else "dense" if a <= cfg.grid_threshold else "grid"
         self.neighbor_method = method
+        self._engine = PairEngine(self.constants, self.layout) if method == "pairs" else None
+        self._pair_obs = method == "pairs" and k is None and kl is None
         self._pass_fn = self._make_pass(method)
-        self._ent = torch.zeros(num_envs, a + nl, 2, dtype=dt, device=dev)
-        self._vel_ext = torch.zeros(num_envs, a + 1, 2, dtype=dt, device=dev)
+        self._actions = ActionMap(self.constants, num_envs, cfg.continuous_actions)
+        self._cap = self.constants.max_speed.expand(num_envs, a).contiguous()
+        self._pos = torch.zeros(num_envs, a, 2, dtype=dt, device=dev)
+        self._vel = torch.zeros(num_envs, a, 2, dtype=dt, device=dev)
+        self._lm = torch.zeros(num_envs, nl, 2, dtype=dt, device=dev)
         self._steps = torch.zeros(num_envs, dtype=torch.long, device=dev)
         self._gen = torch.Generator(device=dev)
         self._gen.seed()
@@ -171,40 +168,48 @@ class SimpleTag:
         self._obs: Tensor | None = None
 
     # ------------------------------------------------------------------ setup
-    def _make_pass(self, method: str) -> Callable[[Tensor], PassResult]:
+    def _make_pass(self, method: str) -> Callable[[Tensor, Tensor, Tensor], PassResult]:
         c, lay, cfg = self.constants, self.layout, self.config
         k = lay.k_eff if lay.k is not None else None
         kl = lay.kl_eff if lay.kl is not None else None
-        if method == "dense":
+        if self._engine is not None:
+            fn: Callable[[Tensor, Tensor, Tensor], PassResult] = self._engine.pass_
+        elif method == "dense":
 
-            def fn(ent: Tensor) -> PassResult:
-                return dense_pass(ent, c, k, kl, cfg.chunk_elems)
+            def fn(pos: Tensor, vel: Tensor, lm: Tensor) -> PassResult:
+                return dense_pass(pos, lm, c, k, kl, cfg.chunk_elems)
 
         else:
             from marl._simple_tag_grid import grid_pass
 
-            def fn(ent: Tensor) -> PassResult:
-                return grid_pass(ent, c, k, kl, cfg.chunk_elems)
+            def fn(pos: Tensor, vel: Tensor, lm: Tensor) -> PassResult:
+                return grid_pass(pos, lm, c, k, kl, cfg.chunk_elems)
 
         if cfg.compile:
             return torch.compile(fn, dynamic=True)
         return fn
 
+    def _observe(self, pos: Tensor, vel: Tensor, lm: Tensor, res: PassResult) -> Tensor:
+        if self._pair_obs and res.features is not None:
+            assert self._engine is not None
+            return self._engine.observe(res.features)
+        return observe(pos, vel, lm, res, self.constants, self.layout)
+
     # ------------------------------------------------------------- properties
     @property
     def agent_pos(self) -> Tensor:
-        """``[E, A, 2]`` view of the agent positions."""
-        return self._ent[:, : self.num_agents]
+        """``[E, A, 2]`` agent positions (the live tensor: do not modify)."""
+        return self._pos
 
     @property
     def agent_vel(self) -> Tensor:
-        """``[E, A, 2]`` view of the agent velocities."""
-        return self._vel_ext[:, : self.num_agents]
+        """``[E, A, 2]`` agent velocities (the live tensor: do not modify)."""
+        return self._vel
 
     @property
     def landmark_pos(self) -> Tensor:
-        """``[E, L, 2]`` view of the obstacle positions."""
-        return self._ent[:, self.num_agents :]
+        """``[E, L, 2]`` obstacle positions (the live tensor: do not modify)."""
+        return self._lm
 
     @property
     def steps(self) -> Tensor:
@@ -215,6 +220,11 @@ class SimpleTag:
     def continuous_actions(self) -> bool:
         """Whether actions are float ``[E, A, 5]`` rather than integer ``[E, A]``."""
         return self.config.continuous_actions
+
+    @property
+    def action_dim(self) -> int:
+        """Length of one agent's action: 5 (continuous) or 1 (an integer in ``0..4``)."""
+        return 5 if self.config.continuous_actions else 1
 
     def get_state(self) -> SimpleTagState:
         """Return a copy of the physical state (positions, velocities, step counts).
@@ -239,14 +249,16 @@ class SimpleTag:
         a, dt, dev = self.num_agents, self.config.dtype, self.device
         pos = torch.rand(n, a, 2, generator=self._gen, dtype=dt, device=dev) * 2.0 - 1.0
         lm = torch.rand(n, self.num_landmarks, 2, generator=self._gen, dtype=dt, device=dev)
-        ent = torch.cat((pos, lm * 1.8 - 0.9), dim=1)
+        lm = lm * 1.8 - 0.9
         if rows is None:
-            self._ent.copy_(ent)
-            self._vel_ext.zero_()
+            self._pos.copy_(pos)
+            self._lm.copy_(lm)
+            self._vel.zero_()
             self._steps.zero_()
         else:
-            self._ent[rows] = ent
-            self._vel_ext[rows] = 0.0
+            self._pos[rows] = pos
+            self._lm[rows] = lm
+            self._vel[rows] = 0.0
             self._steps[rows] = 0
 
     def reset(
@@ -287,37 +299,15 @@ class SimpleTag:
                 state, self.num_envs, self.num_agents, self.num_landmarks,
                 self.config.dtype, self.device,
             )
-            self._ent.copy_(torch.cat((s.agent_pos, s.landmark_pos), dim=1))
-            self._vel_ext.zero_()
-            self.agent_vel.copy_(s.agent_vel)
+            self._pos.copy_(s.agent_pos)
+            self._vel.copy_(s.agent_vel)
+            self._lm.copy_(s.landmark_pos)
             self._steps.copy_(s.steps if s.steps is not None else torch.zeros_like(self._steps))
-        self._res = self._pass_fn(self._ent)
-        self._obs = observe(self._ent, self._vel_ext, self._res, self.constants, self.layout)
+        self._res = self._pass_fn(self._pos, self._vel, self._lm)
+        self._obs = self._observe(self._pos, self._vel, self._lm, self._res)
         return self._obs
 
     # ------------------------------------------------------------------- step
-    def _check_actions(self, actions: Tensor) -> Tensor:
-        if not isinstance(actions, Tensor):
-            actions = torch.as_tensor(actions)
-        e, a = self.num_envs, self.num_agents
-        if self.config.continuous_actions:
-            if actions.shape != (e, a, 5) or not actions.is_floating_point():
-                raise ValueError(
-                    f"actions must be a float tensor of shape [{e}, {a}, 5] for continuous "
-                    f"actions, got {actions.dtype} {tuple(actions.shape)}"
-                )
-            return actions.to(device=self.device, dtype=self.config.dtype)
-        if actions.shape != (e, a) or actions.is_floating_point() or actions.dtype == torch.bool:
-            raise ValueError(
-                f"actions must be an integer tensor of shape [{e}, {a}] with values 0..4, "
-                f"got {actions.dtype} {tuple(actions.shape)}; pass continuous_actions=True "
-                "for float actions"
-            )
-        actions = actions.to(device=self.device, dtype=torch.long)
-        if bool(((actions < 0) | (actions > 4)).any()):
-            raise ValueError("actions must lie in 0..4 (no-op, left, right, down, up)")
-        return actions
-
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
         """Advance every environment by one step.
 
@@ -351,21 +341,21 @@ class SimpleTag:
         """
         if self._res is None:
             raise RuntimeError("call reset() before step()")
-        actions = self._check_actions(actions)
+        actions = self._actions.check(actions, self.device)
         c = self.constants
-        force = action_force(actions, c, self.config.continuous_actions) + self._res.force
-        integrate(self.agent_pos, self.agent_vel, force, c)
+        force = self._actions(actions).add_(self._res.force)
+        integrate(self._pos, self._vel, force, self._cap, c)
         self._steps += 1
-        res = self._pass_fn(self._ent)
+        res = self._pass_fn(self._pos, self._vel, self._lm)
         self._res = res
-        reward = rewards(self.agent_pos, res.caught, c)
+        reward = rewards(self._pos, res.caught, c, self.config.num_adversaries)
         truncated = self._steps >= self.max_cycles
         if self.config.terminate_on_success:
             caught_all = ((res.caught > 0) | ~c.is_good).all(-1)
             terminated = caught_all & ~truncated
         else:
             terminated = torch.zeros_like(truncated)
-        obs = observe(self._ent, self._vel_ext, res, c, self.layout)
+        obs = self._observe(self._pos, self._vel, self._lm, res)
         info: dict[str, Any] = {}
         if self.config.auto_reset:
             done = terminated | truncated
@@ -386,18 +376,12 @@ class SimpleTag:
         info["final_obs"] = obs
         info["reset_mask"] = done
         self._randomize(rows)
-        sub = self._pass_fn(self._ent[rows])
-        res = self._res
-        assert res is not None
-        res.force[rows] = sub.force
-        res.caught[rows] = sub.caught
-        if res.agent_idx is not None and sub.agent_idx is not None:
-            res.agent_idx[rows] = sub.agent_idx
-        if res.landmark_idx is not None and sub.landmark_idx is not None:
-            res.landmark_idx[rows] = sub.landmark_idx
+        pos, vel, lm = self._pos[rows], self._vel[rows], self._lm[rows]
+        sub = self._pass_fn(pos, vel, lm)
+        assert self._res is not None
+        self._res.assign_rows(rows, sub)
         new = obs.clone()
-        new[rows] = observe(self._ent[rows], self._vel_ext[rows], sub, self.constants,
-                            self.layout)
+        new[rows] = self._observe(pos, vel, lm, sub)
         return new
 
     def global_state(self, obs: Tensor | None = None) -> Tensor:
