@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import sys
 import time
 import types
@@ -82,8 +83,9 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                        help=f"placement policy: {', '.join(sorted(DISTRIBUTIONS))}")
     train.add_argument("--steps", type=int, default=500_000, help="env steps to train for")
     train.add_argument("--seed", type=int, default=1, help="run seed")
-    train.add_argument("--workers", type=int, default=2,
-                       help="worker processes of the embedded cluster (default: 2)")
+    train.add_argument("--workers", type=int, default=None,
+                       help="worker processes of the embedded cluster (default: one per "
+                            "rollout replica, at most one per CPU core)")
     train.add_argument("--scheduler", default=None,
                        help="address of an existing Dask scheduler, or 'sync' to run every "
                             "task in this process (default: an embedded cluster)")
@@ -153,9 +155,10 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
         config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
         distribution = get_distribution(args.distribution)
         overrides = parse_role_resources(args.resources)
-        if args.workers < 1:
+        if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
         algo = module.build(config).with_resources(overrides)
+        workers = args.workers or max(1, min(os.cpu_count() or 1, algo.num_actors))
         batch = spec_from_args(args)
         if batch is not None and (args.scheduler or args.tls):
             raise ValueError("--cluster starts its own scheduler: drop --scheduler/--tls")
@@ -186,7 +189,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
                     raise UserError(str(exc)) from None
                 print(f"{describe(cluster.spec)}; jobs {cluster.job_ids()}", file=sys.stderr)
             else:
-                cluster = local_cluster(default_worker_resources(args.workers), security=args.tls)
+                cluster = local_cluster(default_worker_resources(workers), security=args.tls)
                 client = Client(cluster)
             backend = DaskBackend(client)
             print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
