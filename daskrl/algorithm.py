@@ -56,7 +56,52 @@ class LearnerOutput:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-ROLES = ("rollout", "learner", "inference", "evaluate")
+class ResizableActor(Actor, Protocol):
+    """An actor that can make a copy of itself with a different number of envs.
+
+    Fusion (co-located replicas run as one batched actor), ``single`` and the env groups of
+    ``central-inference`` need it; :class:`~daskrl.algos.actor_critic.VecEnvActor` has it.
+    """
+
+    def resized(self, num_envs: int, seed: int) -> ResizableActor:
+        """An actor with the same settings, ``num_envs`` envs and ``seed``."""
+
+
+class GradientActor(Actor, Protocol):
+    """An actor that computes a loss gradient on its own rollout (A3C's actors)."""
+
+    def gradients(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
+        """Roll out its own number of steps; return CPU gradients and the rollout's ``stats``
+        (with ``rollout_steps``, the steps each env took)."""
+
+
+class GradientLearner(Learner, Protocol):
+    """A learner that applies gradients computed elsewhere (the ``async`` distribution)."""
+
+    def apply_gradients(self, grads: list[torch.Tensor], progress: float) -> dict[str, float]:
+        """One optimiser step with ``grads`` (one tensor per parameter)."""
+
+
+def require(obj: object, method: str, distribution: str, fix: str) -> None:
+    """Raise ``TypeError`` naming the distribution and the missing method.
+
+    Examples
+    --------
+    >>> require([], "append", "single", "use a list")
+    >>> require([], "resized", "single", "use VecEnvActor")
+    Traceback (most recent call last):
+    ...
+    TypeError: the 'single' distribution needs list.resized(); use VecEnvActor
+    """
+    if not callable(getattr(obj, method, None)):
+        raise TypeError(f"the {distribution!r} distribution needs "
+                        f"{type(obj).__name__}.{method}(); {fix}")
+
+
+ROLES = ("rollout", "learner", "inference", "evaluate", "env")
+ROLE_FALLBACK = {"env": "rollout", "inference": "learner"}
+"""A role with no annotation of its own takes this role's (env replicas step like rollouts;
+central inference sits with the learner)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +125,8 @@ class Algorithm:
     num_actors : int
         Actor replicas per iteration.
     resources : mapping of role to Resources
-        Per-role annotations; roles are ``rollout``, ``learner``, ``inference``, ``evaluate``.
+        Per-role annotations; roles are ``rollout``, ``learner``, ``inference``, ``evaluate``
+        and ``env`` (``env`` defaults to ``rollout``'s, ``inference`` to ``learner``'s).
     env_id : str, optional
         Checked against gymnasium's registry before any work starts.
 
@@ -133,8 +179,12 @@ class Algorithm:
         return _load_algorithm, (blob,)
 
     def resources_for(self, role: str) -> Resources:
-        """The annotation of ``role`` (one CPU when the algorithm names none)."""
-        return self.resources.get(role, Resources(cpu=1))
+        """The annotation of ``role`` (its fallback role's, else one CPU, when it has none)."""
+        if role in self.resources:
+            return self.resources[role]
+        if role in ROLE_FALLBACK:
+            return self.resources_for(ROLE_FALLBACK[role])
+        return Resources(cpu=1)
 
     def with_resources(self, overrides: Mapping[str, Resources]) -> Algorithm:
         """A copy with some roles' resources replaced (the ``--resources`` flag)."""

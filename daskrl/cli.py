@@ -108,6 +108,15 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
     add_jobqueue_flags(train)
     if graph_module is not None:
         add_config_flags(train, graph_module.Config)
+    graph = sub.add_parser("graph", help="draw one iteration's task graph (.svg/.png/.pdf)",
+                           description="Draw one iteration of GRAPH under a distribution: "
+                                       "tasks labelled by role, coloured by resource.")
+    graph.add_argument("graph", help="graph script, e.g. graphs/ppo.py")
+    graph.add_argument("--distribution", default="actors-learner",
+                       help=f"placement policy: {', '.join(sorted(DISTRIBUTIONS))}")
+    graph.add_argument("--out", type=Path, required=True, help="picture file: .svg, .png or .pdf")
+    if graph_module is not None:
+        add_config_flags(graph, graph_module.Config)
     plot = sub.add_parser("plot", help="learning-curve PNGs of a run folder",
                           description="Write returns.png, speed.png and losses.png for a run.")
     plot.add_argument("run_dir", type=Path, help="the --out folder of a training run")
@@ -121,7 +130,7 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
 
 def _graph_path(argv: Sequence[str]) -> str | None:
     args = list(argv)
-    if len(args) >= 2 and args[0] == "train" and not args[1].startswith("-"):
+    if len(args) >= 2 and args[0] in ("train", "graph") and not args[1].startswith("-"):
         return args[1]
     return None
 
@@ -210,6 +219,20 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     return 0
 
 
+def cmd_graph(args: argparse.Namespace, module: types.ModuleType) -> int:
+    """Run ``daskrl graph``: config flags that differ from their defaults are applied."""
+    from .render import render_iteration
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(module.Config)
+                 if getattr(args, f.name) != f.default}
+    try:
+        path = render_iteration(args.graph, args.distribution, args.out, overrides)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskrl`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -219,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser(module).parse_args(argv)
         if args.command == "train":
             return cmd_train(args, module)
+        if args.command == "graph":
+            return cmd_graph(args, module)
         if args.command == "profile":
             from .profile import report
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .algorithm import Algorithm, Batch, LearnerOutput
+from .algorithm import Actor, Algorithm, Batch, LearnerOutput, require
 from .state import resident, worker_name
 
 
@@ -46,32 +46,66 @@ def pick_device(gpu: float) -> str:
     return "cuda" if gpu and torch.cuda.is_available() else "cpu"
 
 
-def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps: int) -> Batch:
-    """Role ``rollout``: step this replica's resident envs with the latest weights."""
+def resident_actor(ctx: TaskContext, algo: Algorithm, replicas: tuple[int, ...] = (),
+                   role: str = "rollout") -> tuple[Actor, bool]:
+    """This worker's actor for ``ctx.replica`` (or the fused actor of ``replicas``).
+
+    A fused actor runs the envs of several co-located replicas as one batched actor
+    (``len(replicas) * algo.num_envs`` envs, one forward pass per step).
+    """
     # A replica first built after iteration 0 (a fresh or replacement worker) gets seeds
     # salted by that iteration, so it does not replay the episodes it played before.
-    actor, built = resident(
-        (ctx.run, "rollout", ctx.replica),
-        lambda: algo.make_actor(ctx.replica_seed(ctx.iteration)),
-    )
+    seed = ctx.replica_seed(ctx.iteration)
+    if len(replicas) <= 1:
+        return resident((ctx.run, role, ctx.replica), lambda: algo.make_actor(seed))
+
+    def build() -> Actor:
+        proto = algo.make_actor(seed)
+        require(proto, "resized", "fusion", "give the actor resized(num_envs, seed), or "
+                "turn fusion off with NAME:fuse=false")
+        return proto.resized(len(replicas) * algo.num_envs, seed)  # type: ignore[attr-defined]
+
+    return resident((ctx.run, role, replicas), build)
+
+
+def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps: int,
+            replicas: tuple[int, ...] = ()) -> Batch:
+    """Role ``rollout``: step this replica's resident envs with the latest weights.
+
+    With ``replicas`` (more than one), the co-located replicas run fused as one actor.
+    """
+    actor, built = resident_actor(ctx, algo, replicas)
     actor.set_weights(learner_in.weights, learner_in.version)
     batch = actor.rollout(steps)
-    batch["stats"].update(worker=worker_name(), built=built, replica=ctx.replica)
+    label = "+".join(map(str, replicas)) if len(replicas) > 1 else ctx.replica
+    batch["stats"].update(worker=worker_name(), built=built, replica=label)
     return batch
+
+
+def resident_learner(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
+                     role: str = "learner") -> tuple[dict[str, Any], bool]:
+    """This worker's learner holder ``{"learner", "version"}``, in step with ``learner_in``.
+
+    A learner that is fresh, or behind or ahead of ``learner_in`` (a resume, a replaced
+    worker), loads ``learner_in.state`` first.
+    """
+    holder, built = resident(
+        (ctx.run, role, ctx.replica),
+        lambda: {"learner": algo.make_learner(ctx.replica_seed(), pick_device(ctx.gpu)),
+                 "version": None},
+    )
+    if holder["version"] != learner_in.version:
+        holder["learner"].load_state_dict(learner_in.state)
+        holder["version"] = learner_in.version
+    return holder, built
 
 
 def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches: Batch
           ) -> LearnerOutput:
     """Role ``learner``: one update of the resident learner; returns weights and metrics."""
     t0 = time.time()
-    holder, built = resident(
-        (ctx.run, "learner", ctx.replica),
-        lambda: {"learner": algo.make_learner(ctx.replica_seed(), pick_device(ctx.gpu)),
-                 "version": None},
-    )
+    holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
-    if holder["version"] != learner_in.version:  # fresh worker, or resumed from a checkpoint
-        learner.load_state_dict(learner_in.state)
     metrics: dict[str, Any] = learner.update(list(batches), ctx.iteration / ctx.num_iterations)
     holder["version"] = learner_in.version + 1
     metrics.update(merge_stats([b["stats"] for b in batches]))

@@ -1,8 +1,17 @@
-"""Actor and learner for discrete actor-critic methods on gymnasium vector envs."""
+"""Actor and learner for discrete actor-critic methods on gymnasium vector envs.
+
+An actor is two halves that distributions may place apart: an :class:`EnvRunner` (the
+vector env and its episode bookkeeping; role ``env``) and a :class:`RolloutRecorder` (the
+policy copy, the rollout buffers and GAE; role ``inference``). :class:`VecEnvActor` runs
+both in one loop (``actors-learner``, ``single``, ``data-parallel``); ``central-inference``
+steps runners on CPU workers and feeds a recorder on the learner's worker.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,12 +23,190 @@ from .networks import DiscreteActorCritic
 from .ppo import PPOHyper, ppo_update
 
 
+def burn_cpu(seconds: float) -> None:
+    """Spend ``seconds`` of this thread's CPU time (a stand-in for an expensive env step).
+
+    CPU time, not wall time: on a busy machine the step takes longer, like real work would.
+
+    Examples
+    --------
+    >>> burn_cpu(0.0)
+    """
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@dataclass
+class EnvStep:
+    """What one step of a vector env returns, with the episodes it finished.
+
+    ``obs`` is the observation after the step (the final observation when an episode ended
+    there; gymnasium resets it on the next step, which is then not ``valid``).
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    done: np.ndarray
+    valid: np.ndarray
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+
+
+class EnvRunner:
+    """A vector env that steps on actions and keeps per-env episode returns and lengths.
+
+    Parameters
+    ----------
+    env_id : str
+        Gymnasium env id.
+    num_envs : int
+        Envs in the vector env.
+    seed : int
+        Seeds the envs.
+    step_cost : float
+        Extra CPU seconds burnt per env per step (models an expensive simulator).
+
+    Examples
+    --------
+    >>> runner = EnvRunner("CartPole-v1", num_envs=2, seed=0)
+    >>> runner.step(np.zeros(2, np.int64)).obs.shape
+    (2, 4)
+    """
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, step_cost: float = 0.0) -> None:
+        self.env = make_vector_env(env_id, num_envs, seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.num_envs, self.step_cost = num_envs, step_cost
+        self.prev_done = np.zeros(num_envs, dtype=bool)
+        self.ep_return = np.zeros(num_envs)
+        self.ep_length = np.zeros(num_envs, dtype=np.int64)
+
+    def step(self, actions: np.ndarray) -> EnvStep:
+        """Step every env once; the step after an episode ends is a reset step (not valid)."""
+        obs, rew, term, trunc, _ = self.env.step(actions)
+        if self.step_cost:
+            burn_cpu(self.step_cost * self.num_envs)
+        valid = ~self.prev_done
+        done = term | trunc
+        self.ep_return += rew * valid
+        self.ep_length += valid
+        finished = done & valid
+        out = EnvStep(obs, rew, term, done, valid)
+        if finished.any():
+            out.episode_returns = self.ep_return[finished].tolist()
+            out.episode_lengths = self.ep_length[finished].tolist()
+            self.ep_return[finished] = 0.0
+            self.ep_length[finished] = 0
+        self.prev_done = done
+        self.obs = obs
+        return out
+
+    def close(self) -> None:
+        """Close the envs."""
+        self.env.close()
+
+
+class RolloutRecorder:
+    """A policy copy that picks actions step by step and turns the steps into a PPO batch.
+
+    Storage is ``(num_steps, num_envs)``; :meth:`finish` applies GAE and keeps only the
+    valid transitions (reset steps dropped), flattened.
+
+    Examples
+    --------
+    >>> rec = RolloutRecorder(DiscreteActorCritic(4, 2), seed=0)
+    >>> runner = EnvRunner("CartPole-v1", num_envs=2, seed=0)
+    >>> rec.begin(3, runner.obs)
+    >>> for _ in range(3):
+    ...     rec.record(runner.step(rec.act(runner.obs)))
+    >>> rec.finish(runner.obs)["obs"].shape
+    (6, 4)
+    """
+
+    def __init__(self, net: DiscreteActorCritic, seed: int, gamma: float = 0.99,
+                 gae_lambda: float = 0.95) -> None:
+        self.net = net
+        self.generator = torch.Generator().manual_seed(seed)
+        self.gamma, self.gae_lambda = gamma, gae_lambda
+        self.version = -1
+        self.t = 0
+
+    def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Load the learner's weights unless this version is already loaded."""
+        if version != self.version:
+            self.net.load_state_dict(weights)
+            self.version = version
+
+    def begin(self, num_steps: int, obs: np.ndarray) -> None:
+        """Allocate buffers for ``num_steps`` steps of ``len(obs)`` envs."""
+        n = len(obs)
+        self.t, self.t_start = 0, time.time()
+        self.obs = np.zeros((num_steps, n, *obs.shape[1:]), dtype=np.float32)
+        self.actions = np.zeros((num_steps, n), dtype=np.int64)
+        self.logp = np.zeros((num_steps, n), dtype=np.float32)
+        self.values = np.zeros((num_steps + 1, n), dtype=np.float32)
+        self.rewards = np.zeros((num_steps, n), dtype=np.float32)
+        self.terminated = np.zeros((num_steps, n), dtype=bool)
+        self.done = np.zeros((num_steps, n), dtype=bool)
+        self.valid = np.zeros((num_steps, n), dtype=bool)
+        self.returns_done: list[float] = []
+        self.lengths_done: list[int] = []
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """Sample actions for step ``t`` (one batched forward pass) and record them."""
+        t = self.t
+        self.obs[t] = obs
+        self.actions[t], self.logp[t], self.values[t] = self.net.act(obs, generator=self.generator)
+        return self.actions[t]
+
+    def record(self, step: EnvStep) -> None:
+        """Record what the envs returned for step ``t`` and advance to ``t + 1``."""
+        t = self.t
+        self.rewards[t] = step.reward
+        self.terminated[t] = step.terminated
+        self.done[t] = step.done
+        self.valid[t] = step.valid
+        self.returns_done.extend(step.episode_returns)
+        self.lengths_done.extend(step.episode_lengths)
+        self.t = t + 1
+
+    def finish(self, last_obs: np.ndarray) -> dict[str, Any]:
+        """Bootstrap from ``last_obs``, apply GAE, return the valid transitions and stats."""
+        T = self.t
+        self.values[T] = self.net.act(last_obs, generator=self.generator)[2]
+        adv, ret = gae(self.rewards[:T], self.values[:T], self.values[1 : T + 1],
+                       self.terminated[:T], self.done[:T], self.gamma, self.gae_lambda)
+        mask = self.valid[:T].reshape(-1)
+        flat = T * self.obs.shape[1]
+        batch: dict[str, Any] = {
+            "obs": self.obs[:T].reshape(flat, -1)[mask],
+            "actions": self.actions[:T].reshape(-1)[mask],
+            "logp": self.logp[:T].reshape(-1)[mask],
+            "values": self.values[:T].reshape(-1)[mask],
+            "advantages": adv.reshape(-1)[mask],
+            "returns": ret.reshape(-1)[mask],
+        }
+        batch["stats"] = {
+            "env_steps": int(mask.sum()),
+            "episode_returns": self.returns_done,
+            "episode_lengths": self.lengths_done,
+            "t_start": self.t_start,
+            "t_end": time.time(),
+            "policy_version": self.version,
+        }
+        return batch
+
+
 class VecEnvActor:
     """A vector env and a policy copy that collect rollouts with GAE applied.
 
     Handles gymnasium's next-step auto-reset: the step after an episode ends is a reset
     step (action ignored, reward 0); it is dropped from the batch, and the value of the
-    final observation bootstraps truncated episodes.
+    final observation bootstraps truncated episodes. The env is built on first use, so a
+    distribution can take only the policy half (:attr:`recorder`) or make a resized copy
+    (:meth:`resized`) without building envs it will not step.
 
     Examples
     --------
@@ -27,6 +214,8 @@ class VecEnvActor:
     >>> batch = actor.rollout(16)
     >>> batch["obs"].shape[1], batch["stats"]["env_steps"] <= 32
     (4, True)
+    >>> actor.resized(8, seed=1).num_envs
+    8
     """
 
     def __init__(
@@ -37,85 +226,74 @@ class VecEnvActor:
         hidden: tuple[int, ...] = (64, 64),
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
+        step_cost: float = 0.0,
     ) -> None:
-        self.env = make_vector_env(env_id, num_envs, seed)
-        obs_dim, num_actions = space_dims(self.env)
-        self.net = DiscreteActorCritic(obs_dim, num_actions, hidden)
-        self.gamma, self.gae_lambda = gamma, gae_lambda
-        self.obs, _ = self.env.reset(seed=seed)
-        self.num_envs = num_envs
-        self.prev_done = np.zeros(num_envs, dtype=bool)
-        self.ep_return = np.zeros(num_envs)
-        self.ep_length = np.zeros(num_envs, dtype=np.int64)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.version = -1
+        self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
+        self.hidden, self.step_cost = hidden, step_cost
+        obs_dim, num_actions = _dims(env_id)
+        net = DiscreteActorCritic(obs_dim, num_actions, hidden)
+        self.recorder = RolloutRecorder(net, seed, gamma, gae_lambda)
+        self._runner: EnvRunner | None = None
+
+    @property
+    def runner(self) -> EnvRunner:
+        """The env half, built on first use."""
+        if self._runner is None:
+            self._runner = EnvRunner(self.env_id, self.num_envs, self.seed, self.step_cost)
+        return self._runner
+
+    @property
+    def env(self) -> Any:
+        """The gymnasium vector env."""
+        return self.runner.env
+
+    @property
+    def net(self) -> DiscreteActorCritic:
+        """The policy copy."""
+        return self.recorder.net
+
+    @property
+    def version(self) -> int:
+        """Version of the loaded weights (-1 before the first :meth:`set_weights`)."""
+        return self.recorder.version
+
+    def resized(self, num_envs: int, seed: int) -> VecEnvActor:
+        """An actor with the same settings, ``num_envs`` envs and ``seed`` (fusion, env groups)."""
+        rec = self.recorder
+        return VecEnvActor(self.env_id, num_envs, seed, self.hidden, rec.gamma, rec.gae_lambda,
+                           self.step_cost)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights unless this version is already loaded."""
-        if version != self.version:
-            self.net.load_state_dict(weights)
-            self.version = version
+        self.recorder.set_weights(weights, version)
 
     def rollout(self, num_steps: int) -> dict[str, Any]:
         """Collect ``num_steps`` steps of every env; return valid transitions and stats."""
-        t0 = time.time()
-        n = self.num_envs
-        obs_buf = np.zeros((num_steps, n, *self.obs.shape[1:]), dtype=np.float32)
-        actions = np.zeros((num_steps, n), dtype=np.int64)
-        logp = np.zeros((num_steps, n), dtype=np.float32)
-        values = np.zeros((num_steps + 1, n), dtype=np.float32)
-        rewards = np.zeros((num_steps, n), dtype=np.float32)
-        terminated = np.zeros((num_steps, n), dtype=bool)
-        done = np.zeros((num_steps, n), dtype=bool)
-        valid = np.zeros((num_steps, n), dtype=bool)
-        returns_done: list[float] = []
-        lengths_done: list[int] = []
-        obs = self.obs
-        for t in range(num_steps):
-            obs_buf[t] = obs
-            actions[t], logp[t], values[t] = self.net.act(obs, generator=self.generator)
-            obs, rew, term, trunc, _ = self.env.step(actions[t])
-            real = ~self.prev_done
-            valid[t] = real
-            rewards[t] = rew
-            terminated[t] = term
-            done[t] = term | trunc
-            self.ep_return += rew * real
-            self.ep_length += real
-            finished = done[t] & real
-            if finished.any():
-                returns_done.extend(self.ep_return[finished].tolist())
-                lengths_done.extend(self.ep_length[finished].tolist())
-                self.ep_return[finished] = 0.0
-                self.ep_length[finished] = 0
-            self.prev_done = done[t]
-        self.obs = obs
-        values[num_steps] = self.net.act(obs, generator=self.generator)[2]
-        adv, ret = gae(
-            rewards, values[:-1], values[1:], terminated, done, self.gamma, self.gae_lambda
-        )
-        mask = valid.reshape(-1)
-        batch: dict[str, Any] = {
-            "obs": obs_buf.reshape(num_steps * n, -1)[mask],
-            "actions": actions.reshape(-1)[mask],
-            "logp": logp.reshape(-1)[mask],
-            "values": values[:-1].reshape(-1)[mask],
-            "advantages": adv.reshape(-1)[mask],
-            "returns": ret.reshape(-1)[mask],
-        }
-        batch["stats"] = {
-            "env_steps": int(mask.sum()),
-            "episode_returns": returns_done,
-            "episode_lengths": lengths_done,
-            "t_start": t0,
-            "t_end": time.time(),
-            "policy_version": self.version,
-        }
-        return batch
+        runner, rec = self.runner, self.recorder
+        rec.begin(num_steps, runner.obs)
+        for _ in range(num_steps):
+            rec.record(runner.step(rec.act(runner.obs)))
+        return rec.finish(runner.obs)
 
     def close(self) -> None:
         """Close the envs."""
-        self.env.close()
+        if self._runner is not None:
+            self._runner.close()
+
+
+_DIMS: dict[str, tuple[int, int]] = {}
+
+
+def _dims(env_id: str) -> tuple[int, int]:
+    """Observation size and action count of ``env_id`` (probed once per process)."""
+    if env_id not in _DIMS:
+        probe = make_vector_env(env_id, 1, seed=0)
+        _DIMS[env_id] = space_dims(probe)
+        probe.close()
+    return _DIMS[env_id]
+
+
+GradHook = Callable[[list[torch.Tensor]], None]
 
 
 class ActorCriticLearner:
@@ -126,6 +304,8 @@ class ActorCriticLearner:
     >>> learner = ActorCriticLearner(4, 2, seed=0)
     >>> sorted(learner.weights())[:2]
     ['actor.0.bias', 'actor.0.weight']
+    >>> learner.gradient_steps()
+    16
     """
 
     def __init__(
@@ -144,16 +324,33 @@ class ActorCriticLearner:
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.hp.learning_rate, eps=1e-5)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def update(self, batches: list[dict[str, Any]], progress: float) -> dict[str, float]:
-        """One PPO update on the concatenated batches (stats are ignored here)."""
+    def update(self, batches: list[dict[str, Any]], progress: float,
+               grad_hook: GradHook | None = None) -> dict[str, float]:
+        """One PPO update on the concatenated batches (stats are ignored here).
+
+        ``grad_hook`` is called with the parameter gradients after every backward pass
+        (data-parallel averaging replaces them in place).
+        """
         keys = [k for k in batches[0] if k != "stats"]
         batch = {k: np.concatenate([b[k] for b in batches]) for k in keys}
         lr = self.hp.learning_rate * (1.0 - progress) if self.hp.anneal_lr else None
-        metrics = ppo_update(
-            self.net, self.optimizer, batch, self.hp, self.generator, lr=lr, device=self.device
-        )
+        metrics = ppo_update(self.net, self.optimizer, batch, self.hp, self.generator, lr=lr,
+                             grad_hook=grad_hook, device=self.device)
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         return metrics
+
+    def gradient_steps(self) -> int:
+        """Backward passes per :meth:`update` (the sync points of data-parallel training).
+
+        Raises
+        ------
+        ValueError
+            With ``target_kl`` set, replicas could stop after different epochs.
+        """
+        if self.hp.target_kl is not None:
+            raise ValueError("data-parallel training needs target_kl=None: replicas would stop "
+                             "after different epochs; unset target_kl")
+        return self.hp.update_epochs * self.hp.num_minibatches
 
     def weights(self) -> dict[str, torch.Tensor]:
         """CPU copy of the network weights."""

@@ -1,15 +1,18 @@
-"""The interface every distribution implements."""
+"""The interface every distribution implements, and helpers for building its tasks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dask.delayed import Delayed
+import dask
+from dask.delayed import Delayed, delayed
 
 from ..algorithm import Algorithm
 from ..fragment import Fragment
 from ..graph import Placement
+from ..resources import Resources
 from ..roles import TaskContext
 
 
@@ -36,6 +39,8 @@ class Distribution(Protocol):
 
     ``fragments`` says which roles it places, with their resources and replica counts;
     ``iteration`` returns a delayed ``LearnerOutput`` whose key starts with ``learner``.
+    A distribution may also define ``steps_per_iteration(algo)`` when one iteration takes
+    other than ``algo.steps_per_iteration`` env steps (see :func:`steps_per_iteration`).
     """
 
     name: str
@@ -45,3 +50,107 @@ class Distribution(Protocol):
 
     def iteration(self, inputs: IterationInputs) -> Delayed:
         """The delayed graph of one iteration."""
+
+
+def steps_per_iteration(distribution: Distribution, algo: Algorithm) -> int:
+    """Env steps one iteration of ``distribution`` takes (the driver sizes the run by it).
+
+    Examples
+    --------
+    >>> from daskrl.distributions import get_distribution
+    >>> algo = Algorithm("a", print, print, print, num_steps=8, num_envs=4)
+    >>> steps_per_iteration(get_distribution("single:iterations_per_task=3"), algo)
+    96
+    """
+    own = getattr(distribution, "steps_per_iteration", None)
+    return int(own(algo)) if callable(own) else algo.steps_per_iteration
+
+
+def step_key(role: str, replica: int | str, iteration: int, step: int, run: str) -> str:
+    """Key of a task inside an iteration, ``<role>-<replica>-it<k>-s<step>-<run>``.
+
+    The dashboard groups it under ``<role>`` like the keys of :func:`daskrl.graph.task_key`.
+
+    Examples
+    --------
+    >>> step_key("env", "1g0", 3, 5, "1a2b3c4d")
+    'env-1g0-it3-s5-1a2b3c4d'
+    """
+    return f"{role}-{replica}-it{iteration}-s{step}-{run}"
+
+
+def pinned(fn: Callable[..., Any], *args: Any, key: str, resources: Resources,
+           worker: str | None, strict: bool = True) -> Delayed:
+    """A delayed call with its key, resources and worker pin.
+
+    ``strict=True`` pins it to ``worker`` only: used for tasks in the middle of a chain
+    whose state (an env half-way through a rollout, an update half-way through its
+    minibatches) lives on that worker and cannot move. If that worker is lost, the task
+    fails after ``distributed.scheduler.no-workers-timeout`` and the run resumes from its
+    last checkpoint.
+
+    Examples
+    --------
+    >>> d = pinned(max, 1, 2, key="x-0-it0-s0-r", resources=Resources(cpu=1), worker=None)
+    >>> d.compute(scheduler="sync")
+    2
+    """
+    annotations: dict[str, Any] = {"resources": resources.to_dask()}
+    if worker is not None:
+        annotations.update(workers=[worker], allow_other_workers=not strict)
+    with dask.annotate(**annotations):
+        return delayed(fn, pure=False)(*args, dask_key_name=key)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``NAME[:KEY=VALUE[,KEY=VALUE]]`` into the name and its options.
+
+    Examples
+    --------
+    >>> parse_spec("data-parallel:allreduce=torch")
+    ('data-parallel', {'allreduce': 'torch'})
+    """
+    name, _, rest = spec.partition(":")
+    options: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"malformed distribution option {part!r} in {spec!r}: write "
+                             "NAME:KEY=VALUE, e.g. data-parallel:allreduce=torch")
+        options[key.strip().replace("-", "_")] = value.strip()
+    return name.strip(), options
+
+
+def to_int(name: str, value: int | str, minimum: int = 1) -> int:
+    """An integer option, checked; the error names the option.
+
+    Examples
+    --------
+    >>> to_int("env_groups", "2")
+    2
+    """
+    try:
+        out = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"option {name}={value!r} must be an integer") from None
+    if out < minimum:
+        raise ValueError(f"option {name}={value!r} must be >= {minimum}")
+    return out
+
+
+def to_bool(name: str, value: bool | str) -> bool:
+    """A boolean option (``true/false/1/0/yes/no``).
+
+    Examples
+    --------
+    >>> to_bool("fuse", "no")
+    False
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"option {name}={value!r} must be true or false")

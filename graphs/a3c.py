@@ -1,0 +1,92 @@
+"""A3C on gymnasium envs: actors send gradients of their own rollouts, the learner applies each
+as it arrives.
+
+Run: ``daskrl train graphs/a3c.py --distribution async --steps 500000``. Under a synchronous
+distribution (e.g. ``actors-learner``) the same fragments run synchronous A2C: one step per
+iteration on all actors' batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from daskrl import Algorithm, Resources
+from daskrl.algos.a2c import A2CHyper, A2CLearner, GradientActor
+from daskrl.algos.actor_critic import evaluate_policy
+from daskrl.envs import make_vector_env, space_dims
+
+
+def _help(text: str, default: object) -> object:
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class Config:
+    """A3C settings; each field is a ``--flag`` of ``daskrl train graphs/a3c.py``."""
+
+    env: str = _help("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    num_actors: int = _help("gradient actors (each with its own envs)", 2)
+    num_envs: int = _help("envs per actor", 8)
+    rollout_steps: int = _help("steps per env behind each gradient (n-step returns)", 8)
+    num_steps: int = _help("steps per env per actor per iteration (a multiple of rollout_steps)",
+                           64)
+    learning_rate: float = _help("Adam learning rate", 1e-3)
+    anneal_lr: bool = _help("anneal the learning rate linearly to 0", True)
+    gamma: float = _help("discount factor", 0.99)
+    gae_lambda: float = _help("GAE lambda (1.0: plain n-step returns)", 1.0)
+    ent_coef: float = _help("entropy bonus coefficient", 0.01)
+    vf_coef: float = _help("value loss coefficient", 0.5)
+    max_grad_norm: float = _help("gradient-norm clip", 0.5)
+    norm_adv: bool = _help("normalise advantages per gradient", False)
+    hidden: int = _help("hidden units in each of the two layers", 64)
+    eval_episodes: int = _help("greedy episodes in the final evaluation", 10)
+
+    def hyper(self) -> A2CHyper:
+        """The loss and optimiser settings."""
+        return A2CHyper(learning_rate=self.learning_rate, anneal_lr=self.anneal_lr,
+                        ent_coef=self.ent_coef, vf_coef=self.vf_coef,
+                        max_grad_norm=self.max_grad_norm, norm_adv=self.norm_adv)
+
+
+def make_actor(config: Config, seed: int) -> GradientActor:
+    """Role ``rollout``/``grad``: one actor's envs and policy copy."""
+    return GradientActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
+                         config.gae_lambda, rollout_steps=config.rollout_steps, hp=config.hyper())
+
+
+def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
+                 ) -> A2CLearner:
+    """Role ``learner``: the network and optimiser, on ``device``."""
+    return A2CLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(), device)
+
+
+def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+    """Role ``evaluate``: greedy episodes on fresh envs."""
+    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2)
+
+
+def build(config: Config) -> Algorithm:
+    """A3C as an :class:`~daskrl.Algorithm`; ``--distribution async`` applies its gradients
+    as they arrive."""
+    if config.num_steps % config.rollout_steps:
+        raise ValueError(f"--num-steps {config.num_steps} must be a multiple of "
+                         f"--rollout-steps {config.rollout_steps}")
+    probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
+    obs_dim, num_actions = space_dims(probe)
+    probe.close()
+    return Algorithm(
+        name="a3c",
+        make_actor=partial(make_actor, config),
+        make_learner=partial(make_learner, config, obs_dim, num_actions),
+        evaluate=partial(evaluate, config),
+        num_steps=config.num_steps,
+        num_envs=config.num_envs,
+        num_actors=config.num_actors,
+        resources={
+            "rollout": Resources(cpu=1),
+            "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
+            "evaluate": Resources(cpu=1),
+        },
+        env_id=config.env,
+    )
