@@ -1,0 +1,263 @@
+"""MAPPO training-iteration time and agent-steps/s against the number of agents and workers.
+
+One iteration is a rollout of ``--max-cycles`` steps of every env followed by one MAPPO
+update (``--update-epochs`` passes, minibatches of about ``--minibatch-agents`` agent
+samples). The env is simple tag in its small layout: environments of 4 agents (1 good,
+3 adversaries, 2 obstacles, full observability), ``E = agents / 4``, central critic.
+
+Modes (each a row of the table):
+
+* ``inline``: actor and learner in this process, no Dask (the cost of the work itself), with
+  ``--threads`` torch threads (default 1, as a Dask worker's);
+* ``single`` (workers = 1): ``daskrl``'s driver with the ``single`` distribution on a
+  one-worker local cluster;
+* ``data-parallel`` (workers = 2): the envs sharded over 2 workers, gradients averaged every
+  minibatch (``data-parallel:allreduce=dask``), each worker holding ``agents / 2`` agents.
+
+Times are medians over the timed iterations (the first one, which builds envs and models,
+is not timed). Run ``python benchmarks/mappo_scale.py -h``.
+
+Examples
+--------
+``python benchmarks/mappo_scale.py --quick`` (a smoke test, writes nothing here)
+``python benchmarks/mappo_scale.py --agents 1000 10000 100000 --workers 1 2``
+``python benchmarks/mappo_scale.py --device cuda --agents 1000 100000 1000000 --modes inline``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from _common import (  # noqa: E402
+    load_average,
+    machine_info,
+    markdown_table,
+    update_section,
+    write_json,
+)
+
+AGENTS_PER_ENV = 4
+MODES = ("inline", "single", "data-parallel")
+
+
+def minibatches(slots: int, agents_per_slot: int, minibatch_agents: int) -> int:
+    """Minibatches of about ``minibatch_agents`` agent samples from ``slots`` (step, env) slots.
+
+    Examples
+    --------
+    >>> minibatches(25 * 250, 4, 32768), minibatches(10, 4, 32768)
+    (1, 1)
+    >>> minibatches(25 * 25_000, 4, 32768)
+    77
+    """
+    return max(1, min(slots, math.ceil(slots * agents_per_slot / minibatch_agents)))
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_inline(agents: int, device: str, max_cycles: int = 25, iterations: int = 3,
+                update_epochs: int = 4, minibatch_agents: int = 32768, seed: int = 0
+                ) -> dict[str, Any]:
+    """Time rollout + update in this process (no Dask) for ``agents`` agents on ``device``.
+
+    Returns medians of ``rollout_s``, ``update_s``, ``iteration_s`` and
+    ``agent_steps_per_s`` over ``iterations`` timed iterations (after one untimed one).
+    """
+    import torch
+
+    from marl.mappo import (
+        EnvSpec,
+        MAPPOActor,
+        MAPPOHyper,
+        MAPPOLearner,
+        ModelSpec,
+        RolloutSpec,
+        layout_of,
+    )
+
+    envs = agents // AGENTS_PER_ENV
+    spec = EnvSpec("simple_tag", max_cycles=max_cycles)
+    mb = minibatches(max_cycles * envs, AGENTS_PER_ENV, minibatch_agents)
+    hp = MAPPOHyper(update_epochs=update_epochs, num_minibatches=mb)
+    learner = MAPPOLearner(layout_of(spec), ModelSpec(), hp, seed, device)
+    actor = MAPPOActor(spec, ModelSpec(), RolloutSpec(), envs, seed + 1, device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    rows = []
+    for k in range(iterations + 1):
+        actor.set_weights(learner.weights(), k)
+        _sync(device)
+        t0 = time.perf_counter()
+        batch = actor.collect(max_cycles)
+        _sync(device)
+        t1 = time.perf_counter()
+        learner.update([batch], 0.0)
+        _sync(device)
+        t2 = time.perf_counter()
+        if k > 0:
+            rows.append((t1 - t0, t2 - t1, t2 - t0))
+        del batch
+    out = _medians(rows, agents, max_cycles)
+    out.update(mode="inline", workers=1, envs=envs, num_minibatches=mb, device=device,
+               update_epochs=update_epochs)
+    if device.startswith("cuda"):
+        out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return out
+
+
+def _medians(rows: list[tuple[float, float, float]], agents: int, steps: int
+             ) -> dict[str, Any]:
+    rollout, update, total = (statistics.median(c) for c in zip(*rows, strict=True))
+    return {"agents": agents, "rollout_s": rollout, "update_s": update, "iteration_s": total,
+            "agent_steps_per_s": agents * steps / total, "repeats": len(rows),
+            "iteration_s_all": [r[2] for r in rows]}
+
+
+def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int = 3,
+              update_epochs: int = 4, minibatch_agents: int = 32768) -> dict[str, Any]:
+    """Time iterations of ``graphs/mappo.py`` through daskrl's driver on a local cluster.
+
+    ``workers == 1``: the ``single`` distribution; otherwise ``data-parallel`` with one
+    replica (``agents / workers`` agents) per worker.
+    """
+    import csv
+
+    from distributed import Client
+
+    from daskrl import Resources
+    from daskrl.cli import load_graph
+    from daskrl.cluster import local_cluster
+    from daskrl.distributions import get_distribution
+    from daskrl.driver import RunSettings, train
+
+    graph = load_graph(str(HERE.parent / "graphs" / "mappo.py"))
+    envs = agents // AGENTS_PER_ENV // workers
+    mb = minibatches(max_cycles * envs, AGENTS_PER_ENV, minibatch_agents)
+    config = graph.Config(num_envs=envs, num_actors=workers, num_steps=max_cycles,
+                          max_cycles=max_cycles, update_epochs=update_epochs,
+                          num_minibatches=mb, device="cpu")
+    algo = graph.build(config).with_resources({"learner": Resources(cpu=1)})
+    name = "single" if workers == 1 else "data-parallel"
+    dist = get_distribution(name)
+    cluster = local_cluster([{"CPU": 1}] * workers)
+    try:
+        with Client(cluster) as client, tempfile.TemporaryDirectory() as tmp:
+            settings = RunSettings(out=Path(tmp), steps=(iterations + 1) * algo.steps_per_iteration,
+                                   eval=False, progress=False, tensorboard=False,
+                                   checkpoint_every=10**6)
+            train(client, algo, dist, settings)
+            with open(Path(tmp) / "metrics.csv", newline="") as fh:
+                rows = list(csv.DictReader(fh))[1:]
+    finally:
+        cluster.close()
+    timed = [(float(r["rollout_s"]), float(r["update_s"]), float(r["iteration_s"]))
+             for r in rows]
+    out = _medians(timed, agents, max_cycles)
+    out.update(mode=name, workers=workers, envs=envs * workers, num_minibatches=mb, device="cpu",
+               update_epochs=update_epochs,
+               overhead_s=statistics.median(float(r["overhead_s"]) for r in rows))
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The markdown table of the results."""
+    headers = ["agents", "mode", "workers", "device", "envs", "minibatches", "rollout s",
+               "update s", "iteration s", "agent-steps/s"]
+    rows = [[r["agents"], r["mode"], r["workers"], r["device"], r["envs"], r["num_minibatches"],
+             r.get("rollout_s"), r.get("update_s"), r.get("iteration_s"),
+             r.get("agent_steps_per_s")] if "error" not in r else
+            [r["agents"], r["mode"], r["workers"], r["device"], "-", "-", "-", "-", "-",
+             f"failed: {r['error'][:60]}"] for r in results]
+    return markdown_table(headers, rows, align="rllllrrrrr")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; write JSON and the markdown section."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--agents", type=int, nargs="+", default=[1000, 10_000, 100_000],
+                   help="total agents (multiples of 4)")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                   help="Dask workers: 1 runs `single`, more run `data-parallel`")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--device", default="cpu", help="device of the inline mode (cpu or cuda)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads of the inline mode (Dask workers run 1 each)")
+    p.add_argument("--iterations", type=int, default=3, help="timed iterations per setting")
+    p.add_argument("--max-cycles", type=int, default=25, help="steps per rollout and episode")
+    p.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
+    p.add_argument("--minibatch-agents", type=int, default=32768,
+                   help="agent samples per minibatch (about)")
+    p.add_argument("--quick", action="store_true", help="1000 agents, 1 timed iteration; "
+                   "writes nothing unless --json is given")
+    p.add_argument("--json", type=Path, default=None,
+                   help="output JSON (default: benchmarks/results/mappo_scale.json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.agents, args.iterations = [1000], 1
+    import torch
+
+    torch.set_num_threads(args.threads)
+    bad = [a for a in args.agents if a % AGENTS_PER_ENV]
+    if bad:
+        p.error(f"--agents {bad} must be multiples of {AGENTS_PER_ENV}")
+    load_before = load_average()
+    results: list[dict[str, Any]] = []
+    for agents in args.agents:
+        plan: list[tuple[str, int]] = []
+        if "inline" in args.modes:
+            plan.append(("inline", 1))
+        for w in args.workers:
+            mode = "single" if w == 1 else "data-parallel"
+            if mode in args.modes:
+                plan.append((mode, w))
+        for mode, workers in plan:
+            kw = dict(max_cycles=args.max_cycles, iterations=args.iterations,
+                      update_epochs=args.update_epochs, minibatch_agents=args.minibatch_agents)
+            print(f"agents={agents} mode={mode} workers={workers} ...", flush=True)
+            try:
+                res = (time_inline(agents, args.device, **kw) if mode == "inline"
+                       else time_dask(agents, workers, **kw))
+            except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
+                res = {"agents": agents, "mode": mode, "workers": workers,
+                       "device": args.device if mode == "inline" else "cpu",
+                       "error": f"{type(exc).__name__}: {exc}"}
+            print({k: v for k, v in res.items() if k != "iteration_s_all"}, flush=True)
+            results.append(res)
+    data = {"benchmark": "mappo_scale", "settings": vars(args) | {"json": str(args.json)},
+            "machine": machine_info(), "load_before": load_before, "load_after": load_average(),
+            "results": results}
+    print(table(results))
+    if args.quick and args.json is None:
+        return 0
+    write_json(args.json or HERE / "results" / "mappo_scale.json", data)
+    body = (f"## {'CPU' if args.device == 'cpu' else args.device.upper()}\n\n"
+            f"Measured {load_before['time']} on {data['machine']['cpu_model']} "
+            f"({data['machine']['usable_cpus']} usable CPUs, load average "
+            f"{load_before['load_1m']:.1f} before, {data['load_after']['load_1m']:.1f} after); "
+            f"`{' '.join(['python', 'benchmarks/mappo_scale.py', *(argv or sys.argv[1:])])}`.\n\n"
+            + table(results))
+    update_section(HERE / "mappo_scale.md", f"results-{args.device}", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

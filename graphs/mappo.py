@@ -1,0 +1,154 @@
+"""MAPPO on batched multi-agent envs, as fragments any distribution can place.
+
+Run: ``daskrl train graphs/mappo.py --env simple_tag --steps 2000000``
+(``--distribution actors-learner``, ``single`` or ``data-parallel``).
+
+An actor replica holds ``--num-envs`` environments of all their agents and the team
+policies, resident on its worker; each step, each team acts with one forward pass over all
+its agents. The learner holds the team actors, critics (``--critic central``: MAPPO,
+``local``: IPPO) and the optimiser. ``--steps`` counts env steps (each moves every agent of
+its env). Metrics add ``return_mean/<team>``, ``agents`` and ``agent_steps_per_s``; the final
+evaluation adds ``eval_return_mean/<team>``, and ``eval_return_mean`` is the adversary
+team's return when the env has one (simple tag), else the mean over teams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from daskrl import Algorithm, Resources
+from marl.mappo import (
+    EnvSpec,
+    MAPPOActor,
+    MAPPOHyper,
+    MAPPOLearner,
+    ModelSpec,
+    RolloutSpec,
+    TeamLayout,
+    evaluate_teams,
+    layout_of,
+)
+
+
+def _help(text: str, default: object) -> object:
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class Config:
+    """MAPPO settings; each field is a ``--flag`` of ``daskrl train graphs/mappo.py``."""
+
+    env: str = _help("simple_tag, simple_spread (mpe2), or a PettingZoo env module "
+                     "(e.g. mpe2.simple_adversary_v3)", "simple_tag")
+    num_good: int = _help("simple_tag: good agents (prey)", 1)
+    num_adversaries: int = _help("simple_tag: adversaries (predators)", 3)
+    num_obstacles: int = _help("simple_tag: obstacles", 2)
+    num_agent_neighbors: int = _help("simple_tag: observe only the k nearest agents (0: all)", 0)
+    num_agents: int = _help("simple_spread: agents N", 3)
+    max_cycles: int = _help("steps per episode", 25)
+    critic: str = _help("central (MAPPO: global state + own obs) or local (IPPO: own obs)",
+                        "central")
+    state: str = _help("global state: concat (all observations) or pooled (team means)",
+                       "concat")
+    random_teams: str = _help("comma-separated teams that act at random and are not trained "
+                              "(e.g. good)", "")
+    num_actors: int = _help("actor replicas (each with its own envs)", 1)
+    num_envs: int = _help("envs per actor replica", 128)
+    num_steps: int = _help("steps per env per rollout", 25)
+    update_epochs: int = _help("passes over each batch", 10)
+    num_minibatches: int = _help("minibatches (of whole (step, env) slots) per epoch", 1)
+    learning_rate: float = _help("Adam learning rate", 7e-4)
+    anneal_lr: bool = _help("anneal the learning rate linearly to 0", False)
+    gamma: float = _help("discount factor", 0.99)
+    gae_lambda: float = _help("GAE lambda", 0.95)
+    clip_coef: float = _help("surrogate and value clipping coefficient", 0.2)
+    ent_coef: float = _help("entropy bonus coefficient", 0.01)
+    vf_coef: float = _help("value loss coefficient", 1.0)
+    max_grad_norm: float = _help("gradient-norm clip of each team's actor and critic", 10.0)
+    value_norm: bool = _help("normalise value targets (MAPPO's ValueNorm)", True)
+    bootstrap_truncated: bool = _help("bootstrap values at the max_cycles cut (default: the "
+                                      "cut is terminal, as MAPPO on MPE)", False)
+    hidden: int = _help("hidden units in each of the two layers", 64)
+    device: str = _help("auto (a GPU when the task holds one), cpu, or cuda (actors fail "
+                        "on a worker without one)", "auto")
+    eval_episodes: int = _help("episodes in the final evaluation", 100)
+    eval_deterministic: bool = _help("evaluate greedy actions (else sampled)", True)
+
+    def env_spec(self) -> EnvSpec:
+        """The env settings."""
+        return EnvSpec(self.env, self.max_cycles, self.num_good, self.num_adversaries,
+                       self.num_obstacles, self.num_agent_neighbors, self.num_agents)
+
+    def model_spec(self) -> ModelSpec:
+        """The network settings."""
+        return ModelSpec(self.critic, self.state, (self.hidden,) * 2, self.value_norm)
+
+    def random(self) -> tuple[str, ...]:
+        """The ``--random-teams``, as a tuple."""
+        return tuple(t.strip() for t in self.random_teams.split(",") if t.strip())
+
+    def rollout_spec(self) -> RolloutSpec:
+        """GAE and opponent settings."""
+        return RolloutSpec(self.gamma, self.gae_lambda, self.bootstrap_truncated, self.random())
+
+    def hyper(self, layout: TeamLayout) -> MAPPOHyper:
+        """Update settings; teams in ``--random-teams`` are not trained."""
+        random = self.random()
+        for name in random:
+            layout.team_index(name)  # raises, listing the teams
+        return MAPPOHyper(
+            update_epochs=self.update_epochs, num_minibatches=self.num_minibatches,
+            learning_rate=self.learning_rate, anneal_lr=self.anneal_lr, clip_coef=self.clip_coef,
+            ent_coef=self.ent_coef, vf_coef=self.vf_coef, max_grad_norm=self.max_grad_norm,
+            trained_teams=tuple(n for n in layout.names if n not in random))
+
+
+def make_actor(config: Config, seed: int) -> MAPPOActor:
+    """Role ``rollout``: one replica's envs and team policies (on a GPU when its task has one)."""
+    return MAPPOActor(config.env_spec(), config.model_spec(), config.rollout_spec(),
+                      config.num_envs, seed, config.device)
+
+
+def make_learner(config: Config, layout: TeamLayout, seed: int, device: str) -> MAPPOLearner:
+    """Role ``learner``: team actors, critics and optimiser on ``device`` (the GPU of its task,
+    if any); ``--device cpu`` keeps it on the CPU, ``--device cuda`` puts it on a GPU wherever
+    torch sees one."""
+    if config.device == "cpu" or (config.device != "auto" and torch.cuda.is_available()):
+        device = config.device
+    return MAPPOLearner(layout, config.model_spec(), config.hyper(layout), seed, device)
+
+
+def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+    """Role ``evaluate``: ``--eval-episodes`` fresh episodes, one per env, on the CPU."""
+    return evaluate_teams(config.env_spec(), config.model_spec(), weights, seed,
+                          config.eval_episodes, config.eval_deterministic, config.random())
+
+
+def build(config: Config) -> Algorithm:
+    """MAPPO as an :class:`~daskrl.Algorithm`; the distribution decides where each role runs."""
+    layout = layout_of(config.env_spec())  # checks the env and reads its teams
+    config.hyper(layout)  # checks --random-teams and the update settings
+    config.model_spec()
+    if config.device not in ("auto", "cpu") and not config.device.startswith("cuda"):
+        raise ValueError(f"--device {config.device!r}: use auto, cpu or cuda")
+    if config.num_envs * config.num_steps < config.num_minibatches:
+        raise ValueError(f"--num-minibatches {config.num_minibatches} exceeds the "
+                         f"{config.num_envs * config.num_steps} (step, env) slots of a rollout: "
+                         "lower it or raise --num-envs")
+    return Algorithm(
+        name="mappo",
+        make_actor=partial(make_actor, config),
+        make_learner=partial(make_learner, config, layout),
+        evaluate=partial(evaluate, config),
+        num_steps=config.num_steps,
+        num_envs=config.num_envs,
+        num_actors=config.num_actors,
+        resources={
+            "rollout": Resources(cpu=1),
+            "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
+            "evaluate": Resources(cpu=1),
+        },
+    )

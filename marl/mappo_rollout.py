@@ -1,0 +1,469 @@
+"""MAPPO's actor side: batched multi-agent envs, fused team policies, rollouts with GAE.
+
+An actor steps ``E`` environments of ``A`` agents on one device; at every step each team
+acts with one forward pass over its ``E * A_team`` agents. After the rollout the critics
+value all ``(T + 1) * E`` observations in a few large passes, and GAE runs per agent on
+``(T, E * A)`` arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from daskrl.algos.gae import gae
+
+from .mappo_model import MAPPOModel, ModelSpec, TeamLayout
+
+ALIASES = {"simple_spread": "mpe2.simple_spread_v3"}
+"""Short env names that resolve to PettingZoo modules (``simple_tag`` is our batched one)."""
+
+HEADLINE_TEAM = "adversary"
+"""The team whose return is ``episode_return_mean``/``eval_return_mean`` when an env has it
+(simple tag); otherwise those are the mean over teams of the per-agent team returns."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Which batched multi-agent env to build, and its settings.
+
+    Parameters
+    ----------
+    name : str
+        ``"simple_tag"`` (:class:`marl.simple_tag.SimpleTag`), ``"simple_spread"``
+        (``mpe2.simple_spread_v3``) or the dotted module of any PettingZoo parallel env
+        with a ``parallel_env()`` function (e.g. ``"mpe2.simple_adversary_v3"``).
+    max_cycles : int
+        Steps per episode.
+    num_good, num_adversaries, num_obstacles, num_agent_neighbors : int
+        Simple tag's teams, obstacles, and ``k`` nearest agents observed (0: all).
+    num_agents : int
+        ``N`` of ``simple_spread``.
+
+    Examples
+    --------
+    >>> env = EnvSpec("simple_tag", num_adversaries=2).make(4, seed=0)
+    >>> env.reset(seed=0).shape
+    torch.Size([4, 3, 14])
+    >>> EnvSpec("simple_tagg")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: env 'simple_tagg': use simple_tag, simple_spread, or the dotted module of ...
+    """
+
+    name: str = "simple_tag"
+    max_cycles: int = 25
+    num_good: int = 1
+    num_adversaries: int = 3
+    num_obstacles: int = 2
+    num_agent_neighbors: int = 0
+    num_agents: int = 3
+
+    def __post_init__(self) -> None:
+        if self.name != "simple_tag" and self.name not in ALIASES and "." not in self.name:
+            raise ValueError(f"env {self.name!r}: use simple_tag, simple_spread, or the dotted "
+                             "module of a PettingZoo parallel env (e.g. mpe2.simple_adversary_v3)")
+        for field_name in ("max_cycles", "num_good", "num_adversaries", "num_agents"):
+            if getattr(self, field_name) < 1:
+                raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
+
+    def make(self, num_envs: int, seed: int, device: str = "cpu") -> Any:
+        """``num_envs`` environments on ``device``, reset with ``seed``."""
+        if self.name == "simple_tag":
+            from .simple_tag import SimpleTag
+
+            env: Any = SimpleTag(
+                num_envs, device=device, num_good=self.num_good,
+                num_adversaries=self.num_adversaries, num_obstacles=self.num_obstacles,
+                num_agent_neighbors=self.num_agent_neighbors or None,
+                max_cycles=self.max_cycles)
+        else:
+            from .pettingzoo import PettingZooBatchEnv
+
+            env = PettingZooBatchEnv(functools.partial(self._parallel_env), num_envs,
+                                     device=device)
+        env.reset(seed=seed)
+        return env
+
+    def _parallel_env(self) -> Any:
+        module_name = ALIASES.get(self.name, self.name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"env {self.name!r}: cannot import {module_name!r} ({exc}); "
+                             "install the package that provides it") from None
+        factory = getattr(module, "parallel_env", None)
+        if factory is None:
+            raise ValueError(f"env {self.name!r}: module {module_name!r} has no parallel_env(); "
+                             "pass a PettingZoo env module")
+        target = getattr(module, "raw_env", factory)  # parallel_env often takes **kwargs
+        params = inspect.signature(target).parameters
+        open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        kwargs: dict[str, Any] = {}
+        if "max_cycles" in params or open_kwargs:
+            kwargs["max_cycles"] = self.max_cycles
+        if module_name.endswith("simple_spread_v3"):
+            kwargs["N"] = self.num_agents
+        try:
+            return factory(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"env {self.name!r}: {module_name}.parallel_env({kwargs}) failed "
+                             f"({exc}); use an env that takes max_cycles") from None
+
+
+@functools.lru_cache(maxsize=16)
+def layout_of(env: EnvSpec) -> TeamLayout:
+    """The team layout of ``env`` (probed once per process on a one-env copy).
+
+    Examples
+    --------
+    >>> layout_of(EnvSpec("simple_spread")).names
+    ('agent',)
+    """
+    probe = env.make(1, seed=0)
+    try:
+        return TeamLayout.of(probe)
+    finally:
+        getattr(probe, "close", lambda: None)()
+
+
+def task_gpu() -> float:
+    """GPUs (the ``GPU`` Dask resource) held by the Dask task running this code (0 outside
+    a worker, or for a task without that resource).
+
+    Examples
+    --------
+    >>> task_gpu()
+    0.0
+    """
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        ts = worker.state.tasks.get(worker.get_current_task())
+    except (ImportError, ValueError, KeyError, AttributeError):
+        return 0.0
+    return float((getattr(ts, "resource_restrictions", None) or {}).get("GPU", 0))
+
+
+def task_device(requested: str = "auto") -> str:
+    """The device an actor or learner built inside a Dask task should use.
+
+    ``"auto"``: ``"cuda"`` when the running task holds a ``GPU`` resource (:func:`task_gpu`)
+    and torch sees a GPU, else ``"cpu"``. ``"cpu"``/``"cuda"`` are taken as given
+    (``"cuda"`` must be available).
+
+    Examples
+    --------
+    >>> task_device("auto"), task_device("cpu")
+    ('cpu', 'cpu')
+    """
+    if requested not in ("auto", "cpu") and not requested.startswith("cuda"):
+        raise ValueError(f"device={requested!r}: use auto, cpu or cuda")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={requested!r} but torch sees no GPU: use --device auto or cpu")
+    if requested != "auto":
+        return requested
+    from daskrl.roles import pick_device
+
+    return pick_device(task_gpu())
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How an actor turns steps into a batch.
+
+    Parameters
+    ----------
+    gamma, gae_lambda : float
+        Discount and GAE mixing.
+    bootstrap_truncated : bool
+        Bootstrap from the value of the final observation when an episode is cut at
+        ``max_cycles`` (False: the cut is terminal, as MAPPO does on MPE).
+    random_teams : tuple of str
+        Teams that act uniformly at random and are not trained (fixed opponents).
+    """
+
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    bootstrap_truncated: bool = False
+    random_teams: tuple[str, ...] = ()
+
+
+class EpisodeTracker:
+    """Per-env, per-agent episode returns; team means of each finished episode.
+
+    Examples
+    --------
+    >>> lay = TeamLayout(("adversary", "good"), ((0, 1), (2,)), (4, 4, 4), 5)
+    >>> tr = EpisodeTracker(lay, 2, "cpu")
+    >>> tr.add(torch.tensor([[1.0, 1.0, -2.0], [0.0, 0.0, 0.0]]), torch.tensor([True, False]))
+    tensor([0])
+    >>> tr.team_returns, tr.headline
+    ({'adversary': [1.0], 'good': [-2.0]}, [1.0])
+    """
+
+    def __init__(self, layout: TeamLayout, num_envs: int, device: str | torch.device) -> None:
+        self.layout = layout
+        self.ret = torch.zeros(num_envs, layout.num_agents, dtype=torch.float64, device=device)
+        self.length = torch.zeros(num_envs, dtype=torch.long, device=device)
+        self.index = [torch.tensor(a, device=device) for a in layout.agents]
+        self.headline_team = (layout.names.index(HEADLINE_TEAM)
+                              if HEADLINE_TEAM in layout.names else None)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the finished episodes (the running ones continue)."""
+        self.team_returns: dict[str, list[float]] = {n: [] for n in self.layout.names}
+        self.headline: list[float] = []
+        self.lengths: list[int] = []
+
+    def add(self, reward: Tensor, reset_mask: Tensor | None) -> Tensor | None:
+        """Add a step's rewards ``[E, A]``; record the envs in ``reset_mask`` as finished.
+
+        Returns the finished rows (or None)."""
+        self.ret += reward
+        self.length += 1
+        if reset_mask is None or not bool(reset_mask.any()):
+            return None
+        rows = reset_mask.nonzero().squeeze(1)
+        done = self.ret[rows]
+        means = torch.stack([done[:, idx].mean(1) for idx in self.index], 1)  # [R, teams]
+        head = means[:, self.headline_team] if self.headline_team is not None else means.mean(1)
+        for t, name in enumerate(self.layout.names):
+            self.team_returns[name].extend(means[:, t].tolist())
+        self.headline.extend(head.tolist())
+        self.lengths.extend(self.length[rows].tolist())
+        self.ret[rows] = 0.0
+        self.length[rows] = 0
+        return rows
+
+
+def advantages(rewards: Tensor, values: Tensor, next_values: Tensor, terminated: Tensor,
+               done: Tensor, gamma: float, gae_lambda: float) -> tuple[Tensor, Tensor]:
+    """GAE on ``(T, N)`` tensors: :func:`daskrl.algos.gae.gae` on CPU (zero-copy numpy
+    views), :func:`gae_tensor` on other devices.
+
+    Examples
+    --------
+    >>> r = torch.ones(2, 1); z = torch.zeros(2, 1); f = torch.zeros(2, 1, dtype=torch.bool)
+    >>> adv, ret = advantages(r, z, z, f, f, 0.5, 1.0)
+    >>> adv[:, 0].tolist()
+    [1.5, 1.0]
+    """
+    if rewards.device.type == "cpu":
+        adv, ret = gae(rewards.numpy(), values.numpy(), next_values.numpy(), terminated.numpy(),
+                       done.numpy(), gamma, gae_lambda)
+        return torch.from_numpy(adv), torch.from_numpy(ret)
+    return gae_tensor(rewards, values, next_values, terminated, done, gamma, gae_lambda)
+
+
+def gae_tensor(rewards: Tensor, values: Tensor, next_values: Tensor, terminated: Tensor,
+               done: Tensor, gamma: float, gae_lambda: float) -> tuple[Tensor, Tensor]:
+    """:func:`daskrl.algos.gae.gae` in torch, on the tensors' device (same arguments).
+
+    Examples
+    --------
+    >>> r = torch.ones(2, 1); z = torch.zeros(2, 1); f = torch.zeros(2, 1, dtype=torch.bool)
+    >>> gae_tensor(r, z, z, f, f, 0.5, 1.0)[0][:, 0].tolist()
+    [1.5, 1.0]
+    """
+    deltas = rewards + gamma * next_values * (~terminated) - values
+    carry = gamma * gae_lambda * (~done)
+    adv = torch.empty_like(deltas)
+    last = torch.zeros_like(deltas[0])
+    for t in range(len(deltas) - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        adv[t] = last
+    return adv, adv + values
+
+
+class MAPPOActor:
+    """Batched envs and the team policies, resident on a worker (role ``rollout``).
+
+    Parameters
+    ----------
+    env : EnvSpec
+        The env to build.
+    model : ModelSpec
+        The network settings (must match the learner's).
+    rollout : RolloutSpec
+        GAE and opponent settings.
+    num_envs : int
+        Environments ``E`` stepped together.
+    seed : int
+        Seeds the envs and the action sampling.
+    device : str
+        ``"auto"`` (a GPU when the task holds one, see :func:`task_device`), ``"cpu"``,
+        ``"cuda"``.
+
+    Examples
+    --------
+    >>> actor = MAPPOActor(EnvSpec(), ModelSpec(), RolloutSpec(), num_envs=4, seed=0)
+    >>> batch = actor.rollout(25)
+    >>> batch["obs"].shape, batch["advantages"].shape, batch["stats"]["agent_steps"]
+    ((100, 4, 16), (100, 4), 400)
+    >>> sorted(batch["stats"]["team_returns"])
+    ['adversary', 'good']
+    """
+
+    def __init__(self, env: EnvSpec, model: ModelSpec, rollout: RolloutSpec, num_envs: int,
+                 seed: int, device: str = "auto") -> None:
+        self.env_spec, self.model_spec, self.spec = env, model, rollout
+        self.num_envs, self.seed, self.requested_device = num_envs, seed, device
+        self.layout = layout_of(env)
+        self.random_teams = frozenset(self.layout.team_index(n) for n in rollout.random_teams)
+        self.version = -1
+        self._env: Any = None
+        self._pending: dict[str, Tensor] | None = None
+
+    def _build(self) -> None:
+        self.device = task_device(self.requested_device)
+        self._env = self.env_spec.make(self.num_envs, self.seed, self.device)
+        self.obs = self._env.reset(seed=self.seed).float()
+        self.model = MAPPOModel(self.layout, self.model_spec).to(self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        self.tracker = EpisodeTracker(self.layout, self.num_envs, self.device)
+        if self._pending is not None:
+            self.model.load_state_dict(self._pending)
+            self._pending = None
+
+    @property
+    def env(self) -> Any:
+        """The batched env (built on first use, on this task's device)."""
+        if self._env is None:
+            self._build()
+        return self._env
+
+    def resized(self, num_envs: int, seed: int) -> MAPPOActor:
+        """The same settings with ``num_envs`` envs and ``seed`` (fusion, ``single``)."""
+        return MAPPOActor(self.env_spec, self.model_spec, self.spec, num_envs, seed,
+                          self.requested_device)
+
+    def set_weights(self, weights: dict[str, Tensor], version: int) -> None:
+        """Load the learner's weights unless ``version`` is already loaded."""
+        if version == self.version:
+            return
+        if self._env is None:
+            self._pending = weights
+        else:
+            self.model.load_state_dict(weights)
+        self.version = version
+
+    def rollout(self, num_steps: int) -> dict[str, Any]:
+        """Step every env ``num_steps`` times; return numpy arrays ``[T * E, A, ...]`` with
+        advantages and returns, and ``stats``."""
+        batch = self.collect(num_steps)
+        out: dict[str, Any] = {k: v.cpu().numpy() for k, v in batch.items() if k != "stats"}
+        out["stats"] = batch["stats"]
+        return out
+
+    @torch.no_grad()
+    def collect(self, num_steps: int) -> dict[str, Any]:
+        """:meth:`rollout` with the arrays left as tensors on the actor's device."""
+        env, model, spec = self.env, self.model, self.spec
+        t_start = time.time()
+        obs = self.obs
+        (e, a, d), t_max, dev = obs.shape, num_steps, obs.device
+        b_obs = torch.empty(t_max + 1, e, a, d, device=dev)
+        b_act = torch.empty(t_max, e, a, dtype=torch.long, device=dev)
+        b_logp, b_rew = torch.empty(t_max, e, a, device=dev), torch.empty(t_max, e, a, device=dev)
+        b_term = torch.zeros(t_max, e, a, dtype=torch.bool, device=dev)
+        b_done = torch.zeros(t_max, e, a, dtype=torch.bool, device=dev)
+        finals: list[tuple[int, Tensor, Tensor]] = []
+        self.tracker.clear()
+        for t in range(t_max):
+            b_obs[t] = obs
+            b_act[t], b_logp[t] = model.act(obs, self.generator, random_teams=self.random_teams)
+            obs, rew, term, trunc, info = env.step(b_act[t])
+            obs = obs.float()
+            b_rew[t] = rew
+            b_done[t] = term | trunc
+            b_term[t] = term if spec.bootstrap_truncated else b_done[t]
+            rows = self.tracker.add(rew, info.get("reset_mask"))
+            if spec.bootstrap_truncated and rows is not None:
+                finals.append((t, rows, info["final_obs"][rows].float()))
+        b_obs[t_max] = obs
+        self.obs = obs
+        values = model.value(b_obs.view((t_max + 1) * e, a, d)).view(t_max + 1, e, a)
+        next_values = values[1:].clone()
+        for t, rows, final_obs in finals:
+            next_values[t, rows] = model.value(final_obs)
+        n = e * a
+        adv, ret = advantages(b_rew.view(t_max, n), values[:t_max].reshape(t_max, n),
+                              next_values.view(t_max, n), b_term.view(t_max, n),
+                              b_done.view(t_max, n), spec.gamma, spec.gae_lambda)
+        tr = self.tracker
+        stats = {
+            "env_steps": t_max * e, "agents": n, "agent_steps": t_max * n,
+            "episode_returns": tr.headline, "episode_lengths": tr.lengths,
+            "team_returns": tr.team_returns, "t_start": t_start, "t_end": time.time(),
+            "policy_version": self.version,
+        }
+        slots = t_max * e
+        return {"obs": b_obs[:t_max].view(slots, a, d), "actions": b_act.view(slots, a),
+                "logp": b_logp.view(slots, a), "values": values[:t_max].reshape(slots, a),
+                "advantages": adv.view(slots, a), "returns": ret.view(slots, a), "stats": stats}
+
+    def close(self) -> None:
+        """Close the envs."""
+        if self._env is not None:
+            getattr(self._env, "close", lambda: None)()
+
+
+def evaluate_teams(env: EnvSpec, model: ModelSpec, weights: dict[str, Tensor], seed: int,
+                   episodes: int = 32, deterministic: bool = True,
+                   random_teams: tuple[str, ...] = ()) -> dict[str, float]:
+    """Mean per-agent return of each team over ``episodes`` fresh episodes.
+
+    Returns ``eval_return_mean/<team>``, ``eval_return_mean`` (the adversary team's when
+    the env has one, else the mean over teams), ``eval_return_std`` and ``eval_episodes``.
+
+    Examples
+    --------
+    >>> lay = layout_of(EnvSpec())
+    >>> w = MAPPOModel(lay, ModelSpec()).state_dict()
+    >>> out = evaluate_teams(EnvSpec(), ModelSpec(), w, seed=0, episodes=2)
+    >>> sorted(out)[:3]
+    ['eval_episodes', 'eval_return_mean', 'eval_return_mean/adversary']
+    """
+    layout = layout_of(env)
+    net = MAPPOModel(layout, model)
+    net.load_state_dict(weights)
+    batched = env.make(episodes, seed)
+    obs = batched.reset(seed=seed).float()
+    tracker = EpisodeTracker(layout, episodes, "cpu")
+    finished = torch.zeros(episodes, dtype=torch.bool)
+    generator = torch.Generator().manual_seed(seed)
+    random = frozenset(layout.team_index(n) for n in random_teams)
+    team: dict[str, list[float]] = {n: [] for n in layout.names}
+    head: list[float] = []
+    for _ in range(100 * env.max_cycles):
+        actions, _ = net.act(obs, generator, deterministic, random)
+        obs, rew, _, _, info = batched.step(actions)
+        obs = obs.float()
+        mark = info.get("reset_mask")
+        tracker.clear()
+        rows = tracker.add(rew.double(), mark)
+        if rows is None:
+            continue
+        first = ~finished[rows]
+        for name in layout.names:
+            team[name] += np.asarray(tracker.team_returns[name])[first.numpy()].tolist()
+        head += np.asarray(tracker.headline)[first.numpy()].tolist()
+        finished[rows] = True
+        if bool(finished.all()):
+            break
+    getattr(batched, "close", lambda: None)()
+    out: dict[str, float] = {f"eval_return_mean/{n}": float(np.mean(v)) for n, v in team.items()}
+    out.update(eval_return_mean=float(np.mean(head)), eval_return_std=float(np.std(head)),
+               eval_episodes=len(head))
+    return out
