@@ -100,6 +100,9 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
     train.add_argument("--out", type=Path, default=None,
                        help="output folder (default: runs/<graph>-<time>)")
     train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
+    train.add_argument("--report", type=Path, default=None, metavar="FILE.html",
+                       help="save Dask's performance report of the run (task stream, "
+                            "worker profiles, bandwidth)")
     train.add_argument("--checkpoint-every", type=int, default=10, help="iterations per checkpoint")
     train.add_argument("--no-eval", dest="eval", action="store_false",
                        help="skip the final deterministic evaluation")
@@ -203,7 +206,14 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
             backend = DaskBackend(client)
             print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
         try:
-            summary = train(backend, algo, distribution, settings)
+            if args.report is not None and client is not None:
+                from distributed import performance_report
+
+                with performance_report(filename=str(args.report)):
+                    summary = train(backend, algo, distribution, settings)
+                print(f"wrote {args.report}", file=sys.stderr)
+            else:
+                summary = train(backend, algo, distribution, settings)
         except (ValueError, FloatingPointError) as exc:
             raise UserError(str(exc)) from None
     except ConnectionError as exc:
