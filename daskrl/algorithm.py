@@ -159,7 +159,7 @@ class Algorithm:
                 raise TypeError(f"resources[{role!r}] must be daskrl.Resources, got {res!r}")
         for name in ("num_steps", "num_envs", "num_actors"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
     @property

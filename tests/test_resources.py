@@ -261,10 +261,6 @@ def test_algorithm_rejects_bad_counts(name, value):
         _algorithm(**{name: value})
 
 
-@pytest.mark.xfail(
-    reason="Algorithm.__post_init__ (daskrl/algorithm.py) checks isinstance(value, int), which "
-           "accepts bools: num_actors=True is taken as 1 although Fragment rejects replicas=True",
-    strict=True)
 def test_algorithm_rejects_bool_counts():
     with pytest.raises(ValueError, match="num_actors must be an int >= 1"):
         _algorithm(num_actors=True)
