@@ -53,3 +53,33 @@ def test_annotation_check_compares_with_the_scheduler() -> None:
             backend.check_annotations(other)
         event.set()
         assert future.result() == 1
+
+
+def test_scheduler_sync_trains_in_one_process(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daskrl.cli", "train", str(root / "graphs" / "ppo.py"),
+         "--scheduler", "sync", "--steps", "2000", "--num-envs", "4", "--num-steps", "50",
+         "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: set[int] = set()
+    while proc.poll() is None:
+        try:
+            children |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert children == set()  # no scheduler, nanny or worker process was started
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["placement"]["learner"] == ["local"] and summary["iterations"] == 10
