@@ -132,14 +132,17 @@ def _medians(rows: list[tuple[float, float, float]], agents: int, steps: int
 
 
 def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int = 3,
-              update_epochs: int = 4, minibatch_agents: int = 32768) -> dict[str, Any]:
+              update_epochs: int = 4, minibatch_agents: int = 32768,
+              malloc_trim: int | None = None) -> dict[str, Any]:
     """Time iterations of ``graphs/mappo.py`` through daskrl's driver on a local cluster.
 
     ``workers == 1``: the ``single`` distribution; otherwise ``data-parallel`` with one
-    replica (``agents / workers`` agents) per worker.
+    replica (``agents / workers`` agents) per worker. ``malloc_trim`` replaces the
+    ``MALLOC_TRIM_THRESHOLD_`` Dask's nanny gives workers (65536 by default).
     """
     import csv
 
+    import dask
     from distributed import Client
 
     from daskrl import Resources
@@ -157,7 +160,11 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
     algo = graph.build(config).with_resources({"learner": Resources(cpu=1)})
     name = "single" if workers == 1 else "data-parallel"
     dist = get_distribution(name)
-    cluster = local_cluster([{"CPU": 1}] * workers)
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    if malloc_trim is not None:
+        environ["MALLOC_TRIM_THRESHOLD_"] = malloc_trim
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = local_cluster([{"CPU": 1}] * workers)
     try:
         with Client(cluster) as client, tempfile.TemporaryDirectory() as tmp:
             settings = RunSettings(out=Path(tmp), steps=(iterations + 1) * algo.steps_per_iteration,
@@ -172,7 +179,7 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
              for r in rows]
     out = _medians(timed, agents, max_cycles)
     out.update(mode=name, workers=workers, envs=envs * workers, num_minibatches=mb, device="cpu",
-               update_epochs=update_epochs,
+               update_epochs=update_epochs, malloc_trim_threshold=environ["MALLOC_TRIM_THRESHOLD_"],
                overhead_s=statistics.median(float(r["overhead_s"]) for r in rows))
     return out
 
@@ -206,10 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
     p.add_argument("--minibatch-agents", type=int, default=32768,
                    help="agent samples per minibatch (about)")
+    p.add_argument("--malloc-trim", type=int, default=None,
+                   help="MALLOC_TRIM_THRESHOLD_ of the Dask workers (default: Dask's, 65536)")
     p.add_argument("--quick", action="store_true", help="1000 agents, 1 timed iteration; "
                    "writes nothing unless --json is given")
     p.add_argument("--json", type=Path, default=None,
-                   help="output JSON (default: benchmarks/results/mappo_scale.json)")
+                   help="output JSON (default: benchmarks/results/mappo_scale.json, which also "
+                        "rewrites this device's table in benchmarks/mappo_scale.md)")
     args = p.parse_args(argv)
     if args.quick:
         args.agents, args.iterations = [1000], 1
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agents={agents} mode={mode} workers={workers} ...", flush=True)
             try:
                 res = (time_inline(agents, args.device, **kw) if mode == "inline"
-                       else time_dask(agents, workers, **kw))
+                       else time_dask(agents, workers, **kw, malloc_trim=args.malloc_trim))
             except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
                 res = {"agents": agents, "mode": mode, "workers": workers,
                        "device": args.device if mode == "inline" else "cpu",
@@ -249,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.json is None:
         return 0
     write_json(args.json or HERE / "results" / "mappo_scale.json", data)
+    if args.json is not None:
+        return 0  # a side run: the markdown keeps the default JSON's numbers
     body = (f"## {'CPU' if args.device == 'cpu' else args.device.upper()}\n\n"
             f"Measured {load_before['time']} on {data['machine']['cpu_model']} "
             f"({data['machine']['usable_cpus']} usable CPUs, load average "

@@ -84,16 +84,25 @@ class DaskBackend:
 
     def identities(self) -> dict[str, str]:
         """Worker name -> address, as the scheduler sees them now."""
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        self._check_connected()
+        info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
+                                callback_timeout=30)["workers"]
         return {str(w["name"]): addr for addr, w in info.items()}
 
     def done(self, handle: Handle, timeout: float) -> bool:
         """``distributed.wait`` with a timeout."""
+        self._check_connected()
         try:
             wait(handle, timeout=timeout)
         except TimeoutError:
             return False
         return True
+
+    def _check_connected(self) -> None:
+        # A client whose scheduler connection broke would otherwise wait forever.
+        if self.client.status in ("closing", "closed", "failed"):
+            raise ConnectionError(f"lost the connection to the Dask scheduler "
+                                  f"({self.client.status}): restart the run with --resume")
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """``client.run`` on every worker."""

@@ -117,5 +117,5 @@ def connect(address: str, timeout: float = 10.0, security: Security | None = Non
 
 def worker_resources(client: Client) -> dict[str, dict[str, float]]:
     """Worker name -> advertised resources, as the scheduler sees them now."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=30)["workers"]
     return {str(w["name"]): dict(w.get("resources") or {}) for w in info.values()}

@@ -7,8 +7,9 @@
 * GAE per agent, MAPPO's ValueNorm on value targets, the clipped surrogate of
   :mod:`daskrl.algos.ppo`.
 
-The pieces live in :mod:`marl.mappo_model` (networks), :mod:`marl.mappo_rollout` (envs,
-actor, evaluation) and :mod:`marl.mappo_learner` (update, learner); this module gathers
+The pieces live in :mod:`marl.mappo_model` (networks), :mod:`marl.mappo_env` (envs, team
+layout, device), :mod:`marl.mappo_rollout` (actor, GAE, evaluation) and
+:mod:`marl.mappo_learner` (update, learner); this module gathers
 them and adds :func:`train_inline`, the whole loop in one process without Dask (tests and
 benchmarks). ``graphs/mappo.py`` wraps them as a :class:`daskrl.Algorithm`.
 
@@ -29,20 +30,17 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
+from .mappo_env import EnvSpec, layout_of, task_device, task_gpu
 from .mappo_learner import MAPPOHyper, MAPPOLearner, mappo_update, team_metrics
 from .mappo_model import MAPPOModel, ModelSpec, TeamLayout, ValueNorm, sample
 from .mappo_rollout import (
     HEADLINE_TEAM,
-    EnvSpec,
     EpisodeTracker,
     MAPPOActor,
     RolloutSpec,
     advantages,
     evaluate_teams,
     gae_tensor,
-    layout_of,
-    task_device,
-    task_gpu,
 )
 
 __all__ = [

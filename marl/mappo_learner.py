@@ -183,7 +183,8 @@ class MAPPOLearner:
 
     Examples
     --------
-    >>> from marl.mappo_rollout import EnvSpec, MAPPOActor, RolloutSpec, layout_of
+    >>> from marl.mappo_env import EnvSpec, layout_of
+    >>> from marl.mappo_rollout import MAPPOActor, RolloutSpec
     >>> learner = MAPPOLearner(layout_of(EnvSpec()), ModelSpec(), MAPPOHyper(update_epochs=1),
     ...                        seed=0)
     >>> actor = MAPPOActor(EnvSpec(), ModelSpec(), RolloutSpec(), num_envs=4, seed=0)

@@ -221,8 +221,8 @@ def test_bad_settings_name_the_flag():
             [MAPPOActor(TAG, ModelSpec(), RolloutSpec(), 2, 0).rollout(4)], 0.0)
 
 
-@pytest.mark.parametrize("module", ["marl.mappo", "marl.mappo_model", "marl.mappo_rollout",
-                                    "marl.mappo_learner"])
+@pytest.mark.parametrize("module", ["marl.mappo", "marl.mappo_model", "marl.mappo_env",
+                                    "marl.mappo_rollout", "marl.mappo_learner"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
