@@ -167,7 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     def n(agents: int) -> int:
         return max(4, int(agents * args.scale) // 4 * 4)
 
-    plan: list[tuple[str, Callable[[], Any], float]] = [
+    def after_1m(factor: float) -> float:
+        """Seconds a section ``factor`` times the 1M-agent iteration needs (inf if that failed)."""
+        one = report["sections"].get("mappo_1m", {}).get("iteration_s")
+        return float("inf") if one is None else 30.0 + factor * 2 * one
+
+    plan: list[tuple[str, Callable[[], Any], float | Callable[[], float]]] = [
         ("info", info, 0),
         ("correctness", correctness, 20),
         ("env_1m", lambda: env_steps(n(1_000_000) // 4), 30),
@@ -178,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         ("sweep_1k", lambda: mappo(n(1000)), 20),
         ("sweep_10k", lambda: mappo(n(10_000)), 20),
         ("sweep_100k", lambda: mappo(n(100_000)), 40),
-        ("sweep_4m", lambda: mappo(n(4_000_000), iterations=1), 200),
+        ("sweep_4m", lambda: mappo(n(4_000_000), iterations=1), lambda: after_1m(4.0)),
     ]
-    for name, fn, needs_s in plan:
+    for name, fn, needs in plan:
+        needs_s = needs() if callable(needs) else needs
         elapsed = time.perf_counter() - start
         if elapsed + needs_s > args.budget_s:
             report["sections"][name] = {"skipped": f"budget: {elapsed:.0f}s spent, "
