@@ -271,6 +271,8 @@ class _Recorder:
                    env_steps_per_s=self.env_steps / wall if wall > 0 else 0.0,
                    iteration_s=iter_s, overhead_s=iter_s - inside,
                    learn_s=end - m.get("learn_t_start", end))
+        if m.get("agent_steps") and iter_s > 0:  # multi-agent: rate with Dask's gaps included
+            row["agent_steps_per_s_wall"] = m["agent_steps"] / iter_s
         self.writer.write(row)
         if self.bar is not None:
             self.bar.update(1)

@@ -118,7 +118,14 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """Combine the actors' stats into per-iteration metrics."""
     returns = [r for s in stats for r in s["episode_returns"]]
     lengths = [n for s in stats for n in s["episode_lengths"]]
-    return {
+    out: dict[str, Any] = {}
+    for team in sorted({t for s in stats for t in s.get("team_returns", {})}):
+        values = [r for s in stats for r in s.get("team_returns", {}).get(team, [])]
+        out[f"return_mean/{team}"] = float(np.mean(values)) if values else float("nan")
+    if any("agent_steps" in s for s in stats):  # multi-agent actors: totals over replicas
+        out["agents"] = sum(s.get("agents", 0) for s in stats)
+        out["agent_steps"] = sum(s.get("agent_steps", 0) for s in stats)
+    return out | {
         "env_steps": sum(s["env_steps"] for s in stats),
         "episodes": len(returns),
         "episode_return_mean": float(np.mean(returns)) if returns else float("nan"),
