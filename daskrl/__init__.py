@@ -6,7 +6,7 @@ places each task on a worker that offers its resources.
 """
 
 from .algorithm import Actor, Algorithm, Learner, LearnerOutput
-from .fragment import Fragment
+from .fragment import Fragment, setting
 from .graph import Placement, plan_placement, task, task_key
 from .resources import Resources, parse_resources
 from .state import resident
@@ -24,6 +24,7 @@ __all__ = [
     "parse_resources",
     "plan_placement",
     "resident",
+    "setting",
     "task",
     "task_key",
 ]

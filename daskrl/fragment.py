@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .resources import Resources
@@ -70,3 +70,18 @@ class Fragment:
             raise ValueError(
                 f"fragment {self.role!r}: replicas must be an int >= 1, got {self.replicas!r}"
             )
+
+
+def setting(text: str, default: Any) -> Any:
+    """A graph ``Config`` field with its ``--help`` text (the CLI makes it a flag).
+
+    Examples
+    --------
+    >>> from dataclasses import dataclass, fields
+    >>> @dataclass
+    ... class Config:
+    ...     num_envs: int = setting("envs per replica", 8)
+    >>> fields(Config)[0].metadata["help"]
+    'envs per replica'
+    """
+    return field(default=default, metadata={"help": text})

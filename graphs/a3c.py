@@ -8,39 +8,35 @@ iteration on all actors' batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
-from daskrl import Algorithm, Resources
+from daskrl import Algorithm, Resources, setting
 from daskrl.algos.a2c import A2CHyper, A2CLearner, GradientActor
 from daskrl.algos.actor_critic import evaluate_policy
 from daskrl.envs import make_vector_env, space_dims
-
-
-def _help(text: str, default: object) -> object:
-    return field(default=default, metadata={"help": text})
 
 
 @dataclass
 class Config:
     """A3C settings; each field is a ``--flag`` of ``daskrl train graphs/a3c.py``."""
 
-    env: str = _help("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
-    num_actors: int = _help("gradient actors (each with its own envs)", 2)
-    num_envs: int = _help("envs per actor", 8)
-    rollout_steps: int = _help("steps per env behind each gradient (n-step returns)", 8)
-    num_steps: int = _help("steps per env per actor per iteration (a multiple of rollout_steps)",
+    env: str = setting("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    num_actors: int = setting("gradient actors (each with its own envs)", 2)
+    num_envs: int = setting("envs per actor", 8)
+    rollout_steps: int = setting("steps per env behind each gradient (n-step returns)", 8)
+    num_steps: int = setting("steps per env per actor per iteration (a multiple of rollout_steps)",
                            64)
-    learning_rate: float = _help("Adam learning rate", 1e-3)
-    anneal_lr: bool = _help("anneal the learning rate linearly to 0", True)
-    gamma: float = _help("discount factor", 0.99)
-    gae_lambda: float = _help("GAE lambda (1.0: plain n-step returns)", 1.0)
-    ent_coef: float = _help("entropy bonus coefficient", 0.01)
-    vf_coef: float = _help("value loss coefficient", 0.5)
-    max_grad_norm: float = _help("gradient-norm clip", 0.5)
-    norm_adv: bool = _help("normalise advantages per gradient", False)
-    hidden: int = _help("hidden units in each of the two layers", 64)
-    eval_episodes: int = _help("greedy episodes in the final evaluation", 10)
+    learning_rate: float = setting("Adam learning rate", 1e-3)
+    anneal_lr: bool = setting("anneal the learning rate linearly to 0", True)
+    gamma: float = setting("discount factor", 0.99)
+    gae_lambda: float = setting("GAE lambda (1.0: plain n-step returns)", 1.0)
+    ent_coef: float = setting("entropy bonus coefficient", 0.01)
+    vf_coef: float = setting("value loss coefficient", 0.5)
+    max_grad_norm: float = setting("gradient-norm clip", 0.5)
+    norm_adv: bool = setting("normalise advantages per gradient", False)
+    hidden: int = setting("hidden units in each of the two layers", 64)
+    eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
 
     def hyper(self) -> A2CHyper:
         """The loss and optimiser settings."""

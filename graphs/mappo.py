@@ -14,12 +14,12 @@ team's return when the env has one (simple tag), else the mean over teams.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-from daskrl import Algorithm, Resources
+from daskrl import Algorithm, Resources, setting
 from marl.mappo import (
     EnvSpec,
     MAPPOActor,
@@ -33,49 +33,45 @@ from marl.mappo import (
 )
 
 
-def _help(text: str, default: object) -> object:
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class Config:
     """MAPPO settings; each field is a ``--flag`` of ``daskrl train graphs/mappo.py``."""
 
-    env: str = _help("simple_tag, simple_spread (mpe2), or a PettingZoo env module "
+    env: str = setting("simple_tag, simple_spread (mpe2), or a PettingZoo env module "
                      "(e.g. mpe2.simple_adversary_v3)", "simple_tag")
-    num_good: int = _help("simple_tag: good agents (prey)", 1)
-    num_adversaries: int = _help("simple_tag: adversaries (predators)", 3)
-    num_obstacles: int = _help("simple_tag: obstacles", 2)
-    num_agent_neighbors: int = _help("simple_tag: observe only the k nearest agents (0: all)", 0)
-    num_agents: int = _help("simple_spread: agents N", 3)
-    max_cycles: int = _help("steps per episode", 25)
-    critic: str = _help("central (MAPPO: global state + own obs) or local (IPPO: own obs)",
+    num_good: int = setting("simple_tag: good agents (prey)", 1)
+    num_adversaries: int = setting("simple_tag: adversaries (predators)", 3)
+    num_obstacles: int = setting("simple_tag: obstacles", 2)
+    num_agent_neighbors: int = setting("simple_tag: observe only the k nearest agents (0: all)", 0)
+    num_agents: int = setting("simple_spread: agents N", 3)
+    max_cycles: int = setting("steps per episode", 25)
+    critic: str = setting("central (MAPPO: global state + own obs) or local (IPPO: own obs)",
                         "central")
-    state: str = _help("global state: concat (all observations) or pooled (team means)",
+    state: str = setting("global state: concat (all observations) or pooled (team means)",
                        "concat")
-    random_teams: str = _help("comma-separated teams that act at random and are not trained "
+    random_teams: str = setting("comma-separated teams that act at random and are not trained "
                               "(e.g. good)", "")
-    num_actors: int = _help("actor replicas (each with its own envs)", 1)
-    num_envs: int = _help("envs per actor replica", 128)
-    num_steps: int = _help("steps per env per rollout", 25)
-    update_epochs: int = _help("passes over each batch", 10)
-    num_minibatches: int = _help("minibatches (of whole (step, env) slots) per epoch", 1)
-    learning_rate: float = _help("Adam learning rate", 7e-4)
-    anneal_lr: bool = _help("anneal the learning rate linearly to 0", False)
-    gamma: float = _help("discount factor", 0.99)
-    gae_lambda: float = _help("GAE lambda", 0.95)
-    clip_coef: float = _help("surrogate and value clipping coefficient", 0.2)
-    ent_coef: float = _help("entropy bonus coefficient", 0.01)
-    vf_coef: float = _help("value loss coefficient", 1.0)
-    max_grad_norm: float = _help("gradient-norm clip of each team's actor and critic", 10.0)
-    value_norm: bool = _help("normalise value targets (MAPPO's ValueNorm)", True)
-    bootstrap_truncated: bool = _help("bootstrap values at the max_cycles cut (default: the "
+    num_actors: int = setting("actor replicas (each with its own envs)", 1)
+    num_envs: int = setting("envs per actor replica", 128)
+    num_steps: int = setting("steps per env per rollout", 25)
+    update_epochs: int = setting("passes over each batch", 10)
+    num_minibatches: int = setting("minibatches (of whole (step, env) slots) per epoch", 1)
+    learning_rate: float = setting("Adam learning rate", 7e-4)
+    anneal_lr: bool = setting("anneal the learning rate linearly to 0", False)
+    gamma: float = setting("discount factor", 0.99)
+    gae_lambda: float = setting("GAE lambda", 0.95)
+    clip_coef: float = setting("surrogate and value clipping coefficient", 0.2)
+    ent_coef: float = setting("entropy bonus coefficient", 0.01)
+    vf_coef: float = setting("value loss coefficient", 1.0)
+    max_grad_norm: float = setting("gradient-norm clip of each team's actor and critic", 10.0)
+    value_norm: bool = setting("normalise value targets (MAPPO's ValueNorm)", True)
+    bootstrap_truncated: bool = setting("bootstrap values at the max_cycles cut (default: the "
                                       "cut is terminal, as MAPPO on MPE)", False)
-    hidden: int = _help("hidden units in each of the two layers", 64)
-    device: str = _help("auto (a GPU when the task holds one), cpu, or cuda (actors fail "
+    hidden: int = setting("hidden units in each of the two layers", 64)
+    device: str = setting("auto (a GPU when the task holds one), cpu, or cuda (actors fail "
                         "on a worker without one)", "auto")
-    eval_episodes: int = _help("episodes in the final evaluation", 100)
-    eval_deterministic: bool = _help("evaluate greedy actions (else sampled)", True)
+    eval_episodes: int = setting("episodes in the final evaluation", 100)
+    eval_deterministic: bool = setting("evaluate greedy actions (else sampled)", True)
 
     def env_spec(self) -> EnvSpec:
         """The env settings."""

@@ -5,40 +5,36 @@ Run: ``daskrl train graphs/ppo.py --env CartPole-v1 --steps 500000``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
-from daskrl import Algorithm, Resources
+from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import ActorCriticLearner, VecEnvActor, evaluate_policy
 from daskrl.algos.ppo import PPOHyper
 from daskrl.envs import make_vector_env, space_dims
-
-
-def _help(text: str, default: object) -> object:
-    return field(default=default, metadata={"help": text})
 
 
 @dataclass
 class Config:
     """PPO settings; each field is a ``--flag`` of ``daskrl train graphs/ppo.py``."""
 
-    env: str = _help("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
-    num_actors: int = _help("actor replicas (each with its own envs)", 1)
-    num_envs: int = _help("envs per actor replica", 8)
-    num_steps: int = _help("steps per env per rollout", 128)
-    update_epochs: int = _help("passes over each batch", 4)
-    num_minibatches: int = _help("minibatches per epoch", 4)
-    minibatch_size: int = _help("minibatch size; overrides --num-minibatches when > 0", 0)
-    learning_rate: float = _help("Adam learning rate", 2.5e-4)
-    anneal_lr: bool = _help("anneal the learning rate linearly to 0", True)
-    gamma: float = _help("discount factor", 0.99)
-    gae_lambda: float = _help("GAE lambda", 0.95)
-    clip_coef: float = _help("surrogate clipping coefficient", 0.2)
-    ent_coef: float = _help("entropy bonus coefficient", 0.01)
-    vf_coef: float = _help("value loss coefficient", 0.5)
-    max_grad_norm: float = _help("gradient-norm clip", 0.5)
-    hidden: int = _help("hidden units in each of the two layers", 64)
-    eval_episodes: int = _help("greedy episodes in the final evaluation", 10)
+    env: str = setting("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    num_actors: int = setting("actor replicas (each with its own envs)", 1)
+    num_envs: int = setting("envs per actor replica", 8)
+    num_steps: int = setting("steps per env per rollout", 128)
+    update_epochs: int = setting("passes over each batch", 4)
+    num_minibatches: int = setting("minibatches per epoch", 4)
+    minibatch_size: int = setting("minibatch size; overrides --num-minibatches when > 0", 0)
+    learning_rate: float = setting("Adam learning rate", 2.5e-4)
+    anneal_lr: bool = setting("anneal the learning rate linearly to 0", True)
+    gamma: float = setting("discount factor", 0.99)
+    gae_lambda: float = setting("GAE lambda", 0.95)
+    clip_coef: float = setting("surrogate clipping coefficient", 0.2)
+    ent_coef: float = setting("entropy bonus coefficient", 0.01)
+    vf_coef: float = setting("value loss coefficient", 0.5)
+    max_grad_norm: float = setting("gradient-norm clip", 0.5)
+    hidden: int = setting("hidden units in each of the two layers", 64)
+    eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
 
     def hyper(self) -> PPOHyper:
         """The update settings, with ``--minibatch-size`` turned into a minibatch count."""
