@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single-envs", type=int, default=1024)
     p.add_argument("--single-threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--scaling-envs", type=int, default=64)
+    p.add_argument("--scaling-costs", nargs="+", type=float, default=[5e-4, 1e-3],
+                   help="env step costs (CPU s per env) of the scaling phase")
     p.add_argument("--learn-steps", type=int, default=500_000)
     p.add_argument("--threshold", type=float, default=475.0)
     p.add_argument("--keep-runs", type=Path, default=None, help="keep learning runs here")
@@ -187,7 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md", type=Path, default=ROOT / "benchmarks/distributions.md")
     p.add_argument("--merge", action="store_true",
                    help="keep the other phases' runs already in --json")
+    p.add_argument("--tables-only", action="store_true",
+                   help="rewrite --md's tables from --json without running anything")
     args = p.parse_args(argv)
+    if args.tables_only:
+        update_section(args.md, "distributions-results",
+                       tables(json.loads(args.json.read_text())))
+        return 0
     phases = set(args.phases.split(","))
     torch.set_num_threads(1)  # offline evaluation only; the cores are the workers'
     t_start, load_before = time.time(), load_average()
@@ -220,12 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                     record("single", dist="single", envs=args.single_envs, workers=1,
                            threads=threads, repeat=r, **res)
             if "scaling" in phases:
-                for dist in ("actors-learner", "data-parallel"):
-                    for w in (1, 2):
-                        algo = build(dist, layout(dist, args.scaling_envs, w), args.env_step_cost)
-                        res = throughput(clients[w], dist, algo, args.iterations, seed)
-                        record("scaling", dist=dist, envs=args.scaling_envs, workers=w,
-                               cost=args.env_step_cost, repeat=r, **res)
+                for cost in args.scaling_costs:
+                    for dist in ("actors-learner", "data-parallel"):
+                        for w in (1, 2):
+                            algo = build(dist, layout(dist, args.scaling_envs, w), cost)
+                            res = throughput(clients[w], dist, algo, args.iterations, seed)
+                            record("scaling", dist=dist, envs=args.scaling_envs, workers=w,
+                                   cost=cost, repeat=r, **res)
             if "learn" in phases:
                 for dist in args.dists:
                     algo = build(dist, LEARN_LAYOUT[dist])
@@ -250,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.json.exists():
         old = json.loads(args.json.read_text())
         result["runs"] = [r for r in old["runs"] if r["phase"] not in phases] + runs
-        result["sessions"] = old.get("sessions", []) + result["sessions"]
+        kept = [{**x, "phases": [q for q in x["phases"] if q not in phases]}
+                for x in old.get("sessions", [])]  # phases re-run now leave older sessions
+        result["sessions"] = [x for x in kept if x["phases"]] + result["sessions"]
         result["settings"] = {**old["settings"], **{k: v for k, v in settings.items()
                                                     if k not in ("phases", "merge")}}
         result["duration_s"] += old.get("duration_s", 0.0)
@@ -279,9 +290,11 @@ def tables(result: dict[str, Any]) -> str:
                    f"before, {m['load_after']['load_1m']:.1f} after.")
     out.append(f"\nMedians of {s['repeats']} repeats; env-steps/s in steady state (warm-up "
                "iterations left out).")
+    costly = sorted({r["cost"] for r in runs if r["phase"] == "costly"})
     for phase, title, envs in (("throughput", "CartPole env-steps/s", s["envs"]),
-                               ("costly", f"env-steps/s, env step costing {s['env_step_cost']} "
-                                          "CPU s per env", s["costly_envs"])):
+                               ("costly", "env-steps/s, env step costing "
+                                f"{', '.join(f'{c:g}' for c in costly)} CPU s per env",
+                                s["costly_envs"])):
         if not any(r["phase"] == phase for r in runs):
             continue
         heads = ["distribution"] + [f"{n} envs, {w}w" for n in envs for w in s["workers"]]
@@ -314,20 +327,22 @@ def tables(result: dict[str, Any]) -> str:
                                 "whole run incl. first iteration", "iteration s"], rows)]
     if any(r["phase"] == "scaling" for r in runs):
         rows = []
-        for dist in ("actors-learner", "data-parallel"):
-            one = [r for r in runs if r["phase"] == "scaling" and r["dist"] == dist
-                   and r["workers"] == 1]
-            two = {r["repeat"]: r for r in runs if r["phase"] == "scaling"
-                   and r["dist"] == dist and r["workers"] == 2}
-            pairs = [ratio(two[o["repeat"]]["env_steps_per_s"], o["env_steps_per_s"])
-                     for o in one if o["repeat"] in two]
-            rows.append([dist, cell(runs, phase="scaling", dist=dist, workers=1),
-                         cell(runs, phase="scaling", dist=dist, workers=2), median(pairs),
-                         max((p for p in pairs if p is not None), default=None)])
-        out += [f"\n**Env-bound scaling: {s['scaling_envs']} envs, env step costing "
-                f"{s['env_step_cost']} CPU s per env, 1 -> 2 workers (paired repeats)**\n",
-                markdown_table(["distribution", "1 worker", "2 workers",
-                                "speed-up (median)", "best pair"], rows)]
+        costs = sorted({r["cost"] for r in runs if r["phase"] == "scaling"})
+        for cost in costs:
+            for dist in ("actors-learner", "data-parallel"):
+                mine = [r for r in runs if r["phase"] == "scaling" and r["dist"] == dist
+                        and r["cost"] == cost]
+                one = [r for r in mine if r["workers"] == 1]
+                two = {r["repeat"]: r for r in mine if r["workers"] == 2}
+                pairs = [ratio(two[o["repeat"]]["env_steps_per_s"], o["env_steps_per_s"])
+                         for o in one if o["repeat"] in two]
+                rows.append([f"{cost:g}", dist,
+                             cell(mine, workers=1), cell(mine, workers=2), median(pairs),
+                             min((p for p in pairs if p is not None), default=None)])
+        out += [f"\n**Env-bound scaling: {s['scaling_envs']} envs, 1 -> 2 workers "
+                "(repeats paired, 1 worker then 2)**\n",
+                markdown_table(["env step CPU s", "distribution", "1 worker", "2 workers",
+                                "speed-up (median)", "worst pair"], rows)]
     if any(r["phase"] == "learn" for r in runs):
         rows = []
         for dist in s["dists"]:

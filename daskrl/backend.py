@@ -119,7 +119,8 @@ class DaskBackend:
         deadline = time.monotonic() + 10.0
         seen: dict[Any, dict[str, float]] = {}
         while final not in seen and time.monotonic() < deadline:  # the graph is still in transit
-            seen = self.client.run_on_scheduler(_scheduler_restrictions, keys=list(expected))
+            seen = self.client.run_on_scheduler(_scheduler_restrictions,
+                                                   keys=[*expected, final])
             if final not in seen:
                 time.sleep(0.01)
         for key, want in expected.items():

@@ -80,7 +80,9 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                            description="Train GRAPH (e.g. graphs/ppo.py) on a Dask cluster.")
     train.add_argument("graph", help="graph script, e.g. graphs/ppo.py")
     train.add_argument("--distribution", default="actors-learner",
-                       help=f"placement policy: {', '.join(sorted(DISTRIBUTIONS))}")
+                       help="placement policy NAME[:KEY=VALUE,...], e.g. "
+                            "data-parallel:allreduce=torch; "
+                            f"names: {', '.join(sorted(DISTRIBUTIONS))}")
     train.add_argument("--steps", type=int, default=500_000, help="env steps to train for")
     train.add_argument("--seed", type=int, default=1, help="run seed")
     train.add_argument("--workers", type=int, default=None,
@@ -116,7 +118,9 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                                        "tasks labelled by role, coloured by resource.")
     graph.add_argument("graph", help="graph script, e.g. graphs/ppo.py")
     graph.add_argument("--distribution", default="actors-learner",
-                       help=f"placement policy: {', '.join(sorted(DISTRIBUTIONS))}")
+                       help="placement policy NAME[:KEY=VALUE,...], e.g. "
+                            "data-parallel:allreduce=torch; "
+                            f"names: {', '.join(sorted(DISTRIBUTIONS))}")
     graph.add_argument("--out", type=Path, required=True, help="picture file: .svg, .png or .pdf")
     if graph_module is not None:
         add_config_flags(graph, graph_module.Config)

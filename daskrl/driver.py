@@ -20,7 +20,7 @@ from . import roles
 from .algorithm import Algorithm, LearnerOutput
 from .backend import Backend, DaskBackend, Handle
 from .checkpoint import list_checkpoints, load_latest, save_checkpoint
-from .distributions import Distribution, IterationInputs
+from .distributions import Distribution, IterationInputs, steps_per_iteration
 from .fragment import Fragment
 from .graph import Placement, plan_placement, task
 from .metrics import MetricsWriter, write_summary
@@ -105,7 +105,7 @@ def train(
     placement = place(backend, algo, distribution)
     pins = _pins(backend, placement)
     last_done, start_iter, counters = initial_output(algo, settings)
-    num_iterations = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
+    num_iterations = max(1, math.ceil(settings.steps / steps_per_iteration(distribution, algo)))
     run = uuid.uuid4().hex[:8]
     depth = max(1, settings.lookahead)
     recorder = _Recorder(settings, num_iterations, start_iter, counters)

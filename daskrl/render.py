@@ -106,8 +106,8 @@ def to_digraph(graph: Delayed, title: str = "") -> Any:
     for key, (worker, colour) in where.items():
         label = _label(key) + (f"\n@{worker}" if worker else "")
         dot.node(_node_id(key), label, fillcolor=colour)
-    for key, parents in deps.items():
-        for parent in parents:
+    for key in sorted(deps, key=str):  # sorted: the same picture every time
+        for parent in sorted(deps[key], key=str):
             if parent in where and key in where:
                 dot.edge(_node_id(parent), _node_id(key))
     legend = graphviz.Digraph(name="cluster_legend", graph_attr={"label": "resources",
