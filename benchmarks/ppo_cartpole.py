@@ -59,8 +59,11 @@ GRAPH = Path("graphs") / "ppo.py"
 """The daskrl graph script, relative to the source tree the runs import daskrl from."""
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "ppo_cartpole.json"
 DEFAULT_README = ROOT / "benchmarks" / "README.md"
-SYSTEMS = ("daskrl", "sb3", "lean")
-LABELS = {"daskrl": "daskrl", "sb3": "SB3", "lean": "lean loop"}
+SYSTEMS = ("daskrl", "sb3", "lean", "daskrl-stale")
+LABELS = {"daskrl": "daskrl", "sb3": "SB3", "lean": "lean loop",
+          "daskrl-stale": "daskrl stale=1"}
+DISTRIBUTIONS = {"daskrl": "actors-learner", "daskrl-stale": "actors-learner:stale=1"}
+"""The daskrl systems: the default (on-policy) and the opt-in one-step-stale mode."""
 POLL_S = 0.05
 
 
@@ -357,10 +360,12 @@ def _cumulative_steps(column: list[int], total: int) -> list[int]:
     return out
 
 
-def run_daskrl(steps: int, seed: int, out: Path, hp: Hyper, evaluate: bool, workers: int,
-               threads: int, timeout: float, src: Path, on_row: Callable[[int], None]
-               ) -> Trace:
+def run_daskrl(steps: int, seed: int, out: Path, hp: Hyper, evaluate: bool, workers: int | None,
+               threads: int, timeout: float, src: Path, on_row: Callable[[int], None],
+               distribution: str = "actors-learner") -> Trace:
     """Train with ``daskrl train graphs/ppo.py`` in a subprocess and read its outputs.
+
+    ``workers=None`` leaves the embedded cluster's size to daskrl (its default).
 
     Rows of ``metrics.csv`` are followed while the run goes on; their ``wall_s`` (the
     driver's clock from the start of its loop) is placed on the epoch clock by the earliest
@@ -368,8 +373,10 @@ def run_daskrl(steps: int, seed: int, out: Path, hp: Hyper, evaluate: bool, work
     """
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "daskrl.cli", "train", str(src / GRAPH), "--env", ENV_ID,
-           "--steps", str(steps), "--seed", str(seed), "--workers", str(workers),
+           "--steps", str(steps), "--seed", str(seed), "--distribution", distribution,
            "--out", str(out / "run"), "--no-progress", *hp.daskrl_flags()]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
     if not evaluate:
         cmd.append("--no-eval")
     log = out / "log.txt"
@@ -595,15 +602,16 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
     return medians
 
 
-def ratios(medians: dict[str, dict[str, Any]], base: str) -> dict[str, dict[str, Any]]:
-    """``daskrl / base`` for every numeric median both have."""
+def ratios(medians: dict[str, dict[str, Any]], base: str, system: str = "daskrl"
+           ) -> dict[str, dict[str, Any]]:
+    """``system / base`` for every numeric median both have."""
     out: dict[str, dict[str, Any]] = {}
-    if "daskrl" not in medians or base not in medians:
+    if system not in medians or base not in medians:
         return out
-    a, b = medians["daskrl"], medians[base]
+    a, b = medians[system], medians[base]
     both = {k: ratio(a[k], b.get(k)) for k in a
             if isinstance(a[k], int | float) and not isinstance(a[k], bool)}
-    out[f"daskrl/{base}"] = {k: v for k, v in both.items() if v is not None}
+    out[f"{system}/{base}"] = {k: v for k, v in both.items() if v is not None}
     return out
 
 
@@ -671,7 +679,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         row: list[str] = [label]
         for x in systems:
             v = _num(med[x].get(key))
-            if key.startswith("dask_overhead") and v is not None:
+            if key.startswith("dask_overhead") and x == "daskrl-stale":
+                row.append("overlapped")  # rollout and update overlap: no serial remainder
+            elif key.startswith("dask_overhead") and v is not None:
                 row.append(f"{100 * v:.1f}%")
             else:
                 row.append(fmt(v, digits) if not isinstance(v, str) else v)
@@ -693,6 +703,10 @@ def render_markdown(result: dict[str, Any]) -> str:
     if m.get("daskrl_sources_sha256"):
         code += (" (daskrl/ and graphs/ copied at the start, sha256 "
                  f"{m['daskrl_sources_sha256'][:12]})")
+    workers = (f"{s['workers']} workers" if s.get("workers") else
+               "daskrl's default size: 1 worker for 1 rollout replica")
+    stale_workers = (f"{s['workers']} workers" if s.get("workers") else
+                     "daskrl's default: 2 workers, the learner apart")
     return "\n".join([
         "## PPO on CartPole-v1: daskrl vs Stable-Baselines3",
         "",
@@ -701,10 +715,14 @@ def render_markdown(result: dict[str, Any]) -> str:
         "gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, value 0.5, grad-norm 0.5, "
         "separate 64x64 tanh actor and critic, CPU, one torch thread per process. "
         "daskrl runs `daskrl train graphs/ppo.py` (embedded LocalCluster, "
-        f"{s['workers']} workers, default actors-learner distribution); SB3 runs PPO with a "
+        f"{workers}, default actors-learner distribution, on-policy); SB3 runs PPO with a "
         "DummyVecEnv of 8 Monitor-wrapped envs; the *lean loop* calls the same actor and "
-        "learner objects as daskrl's tasks in a plain Python loop (no Dask). Each run is its "
-        "own process; the order of the systems rotates between repeats.",
+        "learner objects as daskrl's tasks in a plain Python loop (no Dask). "
+        + (f"*{LABELS['daskrl-stale']}* is the opt-in `--distribution actors-learner:stale=1` "
+           "(rollouts act with weights one update old and overlap the update, on "
+           f"{stale_workers}); it is not on-policy PPO, so the targets are read from the "
+           "default daskrl column. " if "daskrl-stale" in systems else "")
+        + "Each run is its own process; the order of the systems rotates between repeats.",
         "",
         table,
         "",
@@ -762,8 +780,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all)")
     p.add_argument("--seed", type=int, default=1,
                    help="seed of the first repeat, +1 for each next one (default: 1)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="daskrl's embedded cluster workers (default: 2)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="daskrl's embedded cluster workers (default: daskrl's own default: "
+                   "one per rollout replica, plus one for the learner with stale=1)")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch/OpenMP threads per process, every system (default: 1)")
     p.add_argument("--timeout", type=float, default=1800,
@@ -876,11 +895,12 @@ def main(argv: list[str] | None = None) -> int:
                     out = work / f"rep{rep}" / phase / system
                     bar.set_postfix_str(f"rep {rep + 1} {phase} {LABELS[system]}")
                     try:
-                        if system == "daskrl":
+                        if system in DISTRIBUTIONS:
                             def on_row(n: int, label: str = f"rep {rep + 1} {phase}") -> None:
                                 bar.set_postfix_str(f"{label} daskrl it {n}")
                             trace = run_daskrl(steps, seed, out, hp, evaluate, args.workers,
-                                               args.torch_threads, args.timeout, src, on_row)
+                                               args.torch_threads, args.timeout, src, on_row,
+                                               DISTRIBUTIONS[system])
                         else:
                             trace = run_child(system, steps, seed, out, hp, evaluate,
                                               args.torch_threads, args.timeout, src)
@@ -897,7 +917,8 @@ def main(argv: list[str] | None = None) -> int:
         bar.close()
     load_after = load_average()
     medians = summarise(runs)
-    rat = {**ratios(medians, "sb3"), **ratios(medians, "lean")}
+    rat = {**ratios(medians, "sb3"), **ratios(medians, "lean"),
+           **ratios(medians, "sb3", "daskrl-stale")}
     after = machine_info()
     machine.update(load_before=load_before, load_after=load_after, snapshot=args.snapshot,
                    git_commit_after=after["git_commit"], git_dirty_after=after["git_dirty"])

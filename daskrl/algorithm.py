@@ -11,6 +11,7 @@ import cloudpickle
 import torch
 
 from .fragment import check_role
+from .memory import Sizes
 from .resources import Resources
 
 Batch = dict[str, Any]
@@ -54,6 +55,9 @@ class LearnerOutput:
     state: dict[str, Any]
     weights: Weights
     metrics: dict[str, Any] = field(default_factory=dict)
+    actors: dict[str, bytes] = field(default_factory=dict)
+    """Deterministic mode: each actor's pickled state after this iteration's rollout, so a
+    rebuilt actor (a lost worker, a resume) continues exactly where it left off."""
 
 
 class ResizableActor(Actor, Protocol):
@@ -129,6 +133,10 @@ class Algorithm:
         and ``env`` (``env`` defaults to ``rollout``'s, ``inference`` to ``learner``'s).
     env_id : str, optional
         Checked against gymnasium's registry before any work starts.
+    sizes : daskrl.memory.Sizes, optional
+        Bytes per env step of a rollout batch and the model's parameter count; with them,
+        the driver refuses a run that would exceed a worker's memory limit
+        (:func:`daskrl.memory.check_memory`). None: not checked.
 
     Examples
     --------
@@ -149,6 +157,7 @@ class Algorithm:
     num_actors: int = 1
     resources: Mapping[str, Resources] = field(default_factory=dict)
     env_id: str | None = None
+    sizes: Sizes | None = None
 
     def __post_init__(self) -> None:
         for role, res in self.resources.items():
@@ -157,6 +166,8 @@ class Algorithm:
                 raise ValueError(f"unknown role {role!r}: roles are {', '.join(ROLES)}")
             if not isinstance(res, Resources):
                 raise TypeError(f"resources[{role!r}] must be daskrl.Resources, got {res!r}")
+        if self.sizes is not None and not isinstance(self.sizes, Sizes):
+            raise TypeError(f"sizes must be daskrl.memory.Sizes, got {self.sizes!r}")
         for name in ("num_steps", "num_envs", "num_actors"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -7,7 +7,8 @@ iteration graphs in the driver's process, where ``breakpoint()`` inside a fragme
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import dask
@@ -21,11 +22,14 @@ from .fragment import Fragment
 class Handle(Protocol):
     """A submitted computation: a ``distributed.Future`` or a finished local result."""
 
-    def result(self) -> Any:
-        """Wait for and return the value."""
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait (up to ``timeout`` seconds, else raise ``TimeoutError``) and return the value."""
 
     def cancel(self) -> Any:
         """Give up on it."""
+
+    def release(self) -> Any:
+        """Let go of it: the cluster forgets what nothing else needs."""
 
 
 class Backend(Protocol):
@@ -57,6 +61,12 @@ class Backend(Protocol):
     def check_annotations(self, graph: Delayed) -> None:
         """Raise if the scheduler lost a task's resource annotation."""
 
+    def memory_limits(self) -> dict[str, int | None]:
+        """Worker name -> memory limit in bytes (None: no limit)."""
+
+    def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
+        """Dask's task-stream records after cursor ``since``, and the next cursor."""
+
 
 class DaskBackend:
     """A ``distributed.Client``: tasks run on the cluster's workers."""
@@ -68,7 +78,8 @@ class DaskBackend:
 
     def workers(self, fragments: list[Fragment]) -> dict[str, Mapping[str, float]]:
         """The workers the scheduler knows now."""
-        return worker_resources(self.client)
+        with self._asking_scheduler():
+            return worker_resources(self.client)
 
     def scatter(self, value: Any, worker: str | None) -> Any:
         """Send ``value`` to ``worker`` (a future with no lineage behind it)."""
@@ -84,9 +95,9 @@ class DaskBackend:
 
     def identities(self) -> dict[str, str]:
         """Worker name -> address, as the scheduler sees them now."""
-        self._check_connected()
-        info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
-                                callback_timeout=30)["workers"]
+        with self._asking_scheduler():
+            info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
+                                    callback_timeout=30)["workers"]
         return {str(w["name"]): addr for addr, w in info.items()}
 
     def done(self, handle: Handle, timeout: float) -> bool:
@@ -104,9 +115,40 @@ class DaskBackend:
             raise ConnectionError(f"lost the connection to the Dask scheduler "
                                   f"({self.client.status}): restart the run with --resume")
 
+    @contextmanager
+    def _asking_scheduler(self) -> Iterator[None]:
+        """A scheduler that is gone or does not answer (comm closed, timeout) is a
+        ``ConnectionError`` saying how to go on, not a traceback from deep in Dask."""
+        self._check_connected()
+        try:
+            yield
+        except ConnectionError:
+            raise
+        except OSError as exc:
+            raise ConnectionError(f"lost the connection to the Dask scheduler "
+                                  f"({type(exc).__name__}: {exc}): restart the run with "
+                                  "--resume") from exc
+
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """``client.run`` on every worker."""
         self.client.run(fn, *args)
+
+    def memory_limits(self) -> dict[str, int | None]:
+        """Each worker's ``memory_limit`` as the scheduler sees it (0 is no limit)."""
+        info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
+                                callback_timeout=30)["workers"]
+        return {str(w["name"]): int(w.get("memory_limit") or 0) or None for w in info.values()}
+
+    def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
+        """The scheduler's task-stream records (start/stop of each task's compute and
+        transfers) from cursor ``since`` on; ``since=None`` starts recording and returns
+        the current cursor with no records."""
+        client = self.client
+        if since is None:
+            return client.sync(client.scheduler.get_task_stream_index, callback_timeout=30), []
+        records = client.sync(client.scheduler.get_task_stream, start_index=since,
+                              callback_timeout=30)
+        return since + len(records), records
 
     def check_annotations(self, graph: Delayed) -> None:
         """Compare the scheduler's resource restrictions with the graph's annotations.
@@ -160,10 +202,13 @@ class _Done:
     def __init__(self, value: Any) -> None:
         self.value = value
 
-    def result(self) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         return self.value
 
     def cancel(self) -> None:
+        return None
+
+    def release(self) -> None:
         return None
 
 
@@ -221,6 +266,14 @@ class SyncBackend:
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn`` here."""
         fn(*args)
+
+    def memory_limits(self) -> dict[str, int | None]:
+        """No limit: this process."""
+        return {"local": None}
+
+    def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
+        """No task stream: nothing is scheduled."""
+        return 0, []
 
     def check_annotations(self, graph: Delayed) -> None:
         """Nothing to check: no scheduler places tasks."""

@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 import importlib.util
 import os
+import signal
 import sys
+import threading
 import time
 import types
 from collections.abc import Sequence
@@ -87,7 +89,8 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=1, help="run seed")
     train.add_argument("--workers", type=int, default=None,
                        help="worker processes of the embedded cluster (default: one per "
-                            "rollout replica, at most one per CPU core)")
+                            "rollout replica, plus one for the learner with "
+                            "actors-learner:stale=1, at most one per CPU core)")
     train.add_argument("--scheduler", default=None,
                        help="address of an existing Dask scheduler, or 'sync' to run every "
                             "task in this process (default: an embedded cluster)")
@@ -110,6 +113,11 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                        help="skip the final deterministic evaluation")
     train.add_argument("--no-progress", dest="progress", action="store_false",
                        help="no progress bar")
+    train.add_argument("--deterministic", action="store_true",
+                       help="bit-identical runs for a --seed whatever the workers (no fusion, "
+                            "one torch thread per task, actor state in checkpoints); not async")
+    train.add_argument("--env-retries", type=int, default=2,
+                       help="times a rollout whose env raised is retried on rebuilt envs")
     add_jobqueue_flags(train)
     if graph_module is not None:
         add_config_flags(train, graph_module.Config)
@@ -132,6 +140,13 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
                           description="Break a run's iteration time into env stepping, "
                                       "inference, learning and scheduler/transfer/idle.")
     prof.add_argument("run_dir", type=Path, help="the --out folder of a training run")
+    rep = sub.add_parser("replay", help="re-run a failed task in this process",
+                         description="Run the fragment call saved in OUT/failures/<task>.pkl "
+                                     "again in this process (breakpoint() works), after "
+                                     "printing its original traceback. The file holds pickled "
+                                     "code: replay only files from runs you trust.")
+    rep.add_argument("file", type=Path, help="a file from a run's failures/ folder")
+    rep.add_argument("--pdb", action="store_true", help="open pdb where the replay raises")
     return parser
 
 
@@ -164,17 +179,22 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     from .cluster import connect, default_worker_resources, local_cluster
     from .distributions import get_distribution
     from .driver import RunSettings, check_settings, train
+    from .failures import FragmentError
     from .jobqueue import describe, spec_from_args, start_pools
 
     fields = {f.name for f in dataclasses.fields(module.Config)}
     try:
         config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
         distribution = get_distribution(args.distribution)
+        if args.deterministic and distribution.name == "async":
+            raise ValueError("--deterministic: the async distribution applies gradients in the "
+                             "order they arrive; choose a synchronous distribution")
         overrides = parse_role_resources(args.resources)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
         algo = module.build(config).with_resources(overrides)
-        workers = args.workers or max(1, min(os.cpu_count() or 1, algo.num_actors))
+        wanted = getattr(distribution, "workers_wanted", lambda a: a.num_actors)(algo)
+        workers = args.workers or max(1, min(os.cpu_count() or 1, wanted))
         batch = spec_from_args(args)
         if batch is not None and (args.scheduler or args.tls):
             raise ValueError("--cluster starts its own scheduler: drop --scheduler/--tls")
@@ -183,7 +203,8 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
     out = args.out or Path("runs") / f"{Path(args.graph).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
                            checkpoint_every=args.checkpoint_every, eval=args.eval,
-                           progress=args.progress,
+                           progress=args.progress, deterministic=args.deterministic,
+                           env_retries=args.env_retries,
                            meta={"graph": args.graph, "config": dataclasses.asdict(config)})
     try:
         check_settings(settings)
@@ -218,7 +239,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
                 print(f"wrote {args.report}", file=sys.stderr)
             else:
                 summary = train(backend, algo, distribution, settings)
-        except (ValueError, FloatingPointError) as exc:
+        except (ValueError, FloatingPointError, FragmentError) as exc:
             raise UserError(str(exc)) from None
     except ConnectionError as exc:
         raise UserError(str(exc)) from None
@@ -247,9 +268,16 @@ def cmd_graph(args: argparse.Namespace, module: types.ModuleType) -> int:
     return 0
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM (``kill``, ``timeout``, a batch system) stops a run the way Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskrl`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
     try:
         path = _graph_path(argv)
         module = load_graph(path) if path else None
@@ -265,6 +293,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(report(args.run_dir))
             except (FileNotFoundError, ValueError) as exc:
                 raise UserError(str(exc)) from None
+        if args.command == "replay":
+            from .failures import load_failure, replay
+
+            try:
+                record = load_failure(args.file)
+            except (FileNotFoundError, ValueError) as exc:
+                raise UserError(str(exc)) from None
+            if "unpicklable" in record:
+                raise UserError(f"{args.file}: the task's inputs could not be saved "
+                                f"({record['unpicklable']}), so it cannot be replayed")
+            replay(args.file, post_mortem=args.pdb)
+            print(f"{args.file}: the replay finished without an error this time",
+                  file=sys.stderr)
         if args.command == "plot":
             from .plot import plot_run
 

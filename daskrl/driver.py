@@ -19,11 +19,14 @@ from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerErro
 from . import roles
 from .algorithm import Algorithm, LearnerOutput
 from .backend import Backend, DaskBackend, Handle
-from .checkpoint import list_checkpoints, load_latest, save_checkpoint
+from .checkpoint import list_checkpoints, load_latest, save_checkpoint, weights_sha256
 from .distributions import Distribution, IterationInputs, steps_per_iteration
+from .failures import FragmentError, failure, save_failure
 from .fragment import Fragment
 from .graph import Placement, plan_placement, task
+from .memory import check_memory
 from .metrics import MetricsWriter, write_summary
+from .profile import Timeline
 from .state import drop_run
 
 _LOST = (FutureCancelledError, KilledWorker, NoValidWorkerError, NoWorkerError)
@@ -40,10 +43,15 @@ class RunSettings:
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     lookahead: int = 4
+    chain: int = 64
+    """Iterations chained on futures before the chain restarts from the driver's copy of
+    the last result (bounds the lineage Dask keeps; each restart drains the pipeline)."""
     max_recoveries: int = 3
     replan_timeout: float = 30.0
     tensorboard: bool = True
     eval: bool = True
+    deterministic: bool = False
+    env_retries: int = 2
     progress: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -54,6 +62,8 @@ def check_settings(settings: RunSettings) -> None:
         raise ValueError(f"--checkpoint-every must be >= 1, got {settings.checkpoint_every}")
     if settings.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {settings.steps}")
+    if settings.env_retries < 0:
+        raise ValueError(f"--env-retries must be >= 0, got {settings.env_retries}")
     has_ckpt = bool(list_checkpoints(settings.out / "checkpoints"))
     if settings.resume and not has_ckpt:
         raise ValueError(f"--resume: no checkpoints under {settings.out}; pass the --out of an "
@@ -76,7 +86,7 @@ def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutpu
     ckpt = load_latest(settings.out / "checkpoints") if settings.resume else None
     if ckpt is not None:
         state = ckpt["learner"]
-        out = LearnerOutput(ckpt["version"], state, state["model"], {})
+        out = LearnerOutput(ckpt["version"], state, state["model"], {}, ckpt.get("actors", {}))
         return out, ckpt["iteration"], ckpt["counters"]
     seed = roles.TaskContext("init", settings.seed, 0, 0, 1).replica_seed()
     learner = algo.make_learner(seed, "cpu")
@@ -93,7 +103,7 @@ def train(
 
     Writes ``metrics.csv``, ``summary.json`` and ``checkpoints/`` under ``settings.out``.
     Up to ``lookahead`` iterations are in flight, each taking the previous one's learner
-    output as a future, so the scheduler never waits for the driver. Every ``lookahead``
+    output as a future, so the scheduler never waits for the driver. Every ``chain``
     iterations the chain restarts from data the driver holds, which bounds the lineage Dask
     keeps (and would recompute after a worker loss). If an iteration is lost with a worker,
     the driver resubmits it from the last finished one; on Ctrl-C that one is checkpointed.
@@ -103,23 +113,26 @@ def train(
     check_settings(settings)
     out.mkdir(parents=True, exist_ok=True)
     placement = place(backend, algo, distribution)
+    check_memory(backend, algo, distribution, placement)  # refuse what would not fit
     pins = _pins(backend, placement)
     last_done, start_iter, counters = initial_output(algo, settings)
     num_iterations = max(1, math.ceil(settings.steps / steps_per_iteration(distribution, algo)))
     run = uuid.uuid4().hex[:8]
+    runs: list[str] = []  # ids of attempts lost with a worker; their state is dropped at the end
     depth = max(1, settings.lookahead)
-    recorder = _Recorder(settings, num_iterations, start_iter, counters)
+    recorder = _Recorder(settings, num_iterations, start_iter, counters, Timeline(backend, run))
     pending: deque[tuple[int, Handle]] = deque()
     learner_in: Any = None
     k = base = start_iter
     recoveries = 0
     try:
         while k < num_iterations or pending:
-            while k < num_iterations and len(pending) < depth and (k - base < depth or k == base):
+            while k < num_iterations and len(pending) < depth and (
+                    k - base < max(depth, settings.chain) or k == base):
                 if k == base:  # restart the chain from data: no lineage behind it
                     learner_in = backend.scatter(last_done, placement.worker("learner", 0))
                 inputs = IterationInputs(algo, placement, run, settings.seed, k, num_iterations,
-                                         learner_in)
+                                         learner_in, settings.deterministic, settings.env_retries)
                 graph = distribution.iteration(inputs)
                 handle = backend.submit(graph)
                 if k == start_iter:
@@ -129,7 +142,7 @@ def train(
                 k += 1
             it, fut = pending.popleft()
             try:
-                last_done = _result(backend, fut, pins)
+                output = _result(backend, fut, pins)
             except (CancelledError, WorkersLost, *_LOST) as exc:
                 recoveries += 1
                 if recoveries > settings.max_recoveries:
@@ -138,14 +151,25 @@ def train(
                         "- check the workers' logs") from exc
                 print(f"daskrl: iteration {it + 1} lost ({exc}); placing the fragments again "
                       "and resubmitting from the last finished iteration", file=sys.stderr)
-                for _, other in pending:
-                    other.cancel()
+                # Release, not cancel: the scheduler's cancel walks into the next iteration's
+                # tasks, which no client holds, fails an assertion and drops this client.
+                for _, other in [(it, fut), *pending]:
+                    other.release()
                 pending.clear()
+                learner_in = graph = None
                 placement = _replace(backend, algo, distribution, settings.replan_timeout)
                 pins = _pins(backend, placement)
                 k = base = it
+                # New task keys and fresh worker state for the retry: a key reused right
+                # after its cancellation can be cancelled by the scheduler's late notice, and
+                # state the lost attempt left half-way through an iteration must not be used.
+                runs.append(run)
+                run = uuid.uuid4().hex[:8]
+                if recorder.timeline is not None:
+                    recorder.timeline.run = run
                 continue
-            _check_finite(it, last_done, settings.out)
+            _check_finite(it, output, settings.out)
+            last_done = output
             recorder.record(it, last_done)
             if not pending:
                 base = k  # the chain is drained: restart it from the driver's copy
@@ -153,8 +177,14 @@ def train(
                 _checkpoint(settings, last_done, recorder.counters)
     except KeyboardInterrupt:
         for _, fut in pending:
-            fut.cancel()
+            fut.release()
         _checkpoint(settings, last_done, recorder.counters)
+        raise
+    except Exception as exc:
+        for _, fut in pending:
+            fut.release()
+        _checkpoint(settings, last_done, recorder.counters)  # the last good iteration
+        _raise_saved(exc, out)
         raise
     finally:
         recorder.close()
@@ -174,15 +204,22 @@ def train(
         "final_episode_return_mean": last_done.metrics.get("episode_return_mean", float("nan")),
         "placement": {role: list(names) for role, names in placement.workers.items()},
         "seed": settings.seed,
+        "deterministic": settings.deterministic,
+        "weights_sha256": weights_sha256(last_done.weights),
     }
     if settings.eval:
         inputs = IterationInputs(algo, placement, run, settings.seed, num_iterations,
-                                 num_iterations, last_done)
+                                 num_iterations, last_done, settings.deterministic)
         ev = task(roles.evaluate, inputs.context("evaluate", 0), algo, last_done, role="evaluate",
                   replica=0, iteration=num_iterations, run=run,
                   resources=placement.resources["evaluate"], worker=placement.worker("evaluate", 0))
-        summary.update(backend.submit(ev).result())
-    backend.run_everywhere(drop_run, run)
+        try:
+            summary.update(backend.submit(ev).result())
+        except Exception as exc:
+            _raise_saved(exc, out)
+            raise
+    for attempt in [*runs, run]:
+        backend.run_everywhere(drop_run, attempt)
     write_summary(out / "summary.json", summary)
     return summary
 
@@ -196,14 +233,27 @@ def _result(backend: Backend, handle: Handle, pinned: dict[str, str]) -> Learner
 
     ``pinned`` maps the names replicas are pinned to onto their addresses at placement: the
     scheduler resolves a name pin to an address, so a worker restarted under the same name
-    is lost to the tasks pinned before.
+    is lost to the tasks pinned before. Fetching the result is bounded too: when the worker
+    holding it dies, Dask waits for a recomputation that a task pinned there never gets.
     """
-    while not backend.done(handle, timeout=1.0):
-        now = backend.identities()
-        gone = sorted(name for name, addr in pinned.items() if now.get(name) != addr)
-        if gone:
-            raise WorkersLost(f"worker(s) {', '.join(gone)} left the cluster")
-    return handle.result()
+    fetch = 2.0
+    while True:
+        while not backend.done(handle, timeout=1.0):
+            _check_pins(backend, pinned)
+        try:
+            return handle.result(timeout=fetch)
+        except TimeoutError:
+            if getattr(handle, "status", None) == "error":
+                raise  # the task's own TimeoutError
+            _check_pins(backend, pinned)
+            fetch = min(2 * fetch, 60.0)  # large data on a slow link: wait longer each time
+
+
+def _check_pins(backend: Backend, pinned: dict[str, str]) -> None:
+    now = backend.identities()
+    gone = sorted(name for name, addr in pinned.items() if now.get(name) != addr)
+    if gone:
+        raise WorkersLost(f"worker(s) {', '.join(gone)} left the cluster")
 
 
 def _pins(backend: Backend, placement: Placement) -> dict[str, str]:
@@ -225,6 +275,19 @@ def _replace(backend: Backend, algo: Algorithm, distribution: Distribution,
             time.sleep(1.0)
 
 
+def _raise_saved(exc: Exception, out: Path) -> None:
+    """When ``exc`` came from a fragment, save its call and raise :class:`FragmentError`."""
+    path = save_failure(exc, out / "failures")
+    if path is None:
+        return
+    record = failure(exc) or {}
+    raise FragmentError(
+        f"task {record.get('key')} failed on worker {record.get('worker')!r}: "
+        f"{record.get('error')}\n{record.get('traceback', '').rstrip()}\n"
+        f"its inputs are saved in {path}; run it again in this process with "
+        f"`daskrl replay {path}` (add --pdb to debug)") from exc
+
+
 def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:
     """Stop on a NaN/inf loss before it reaches a checkpoint."""
     bad = {k: v for k, v in output.metrics.items()
@@ -240,7 +303,9 @@ def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:
 class _Recorder:
     """Turns each finished iteration into a metrics row, progress and counters."""
 
-    def __init__(self, settings: RunSettings, total: int, start: int, counters: dict) -> None:
+    def __init__(self, settings: RunSettings, total: int, start: int, counters: dict,
+                 timeline: Timeline | None = None) -> None:
+        self.timeline = timeline  # splits each iteration's time using Dask's task stream
         resume_after = start if settings.resume else None
         self.writer = MetricsWriter(settings.out / "metrics.csv", resume_after=resume_after,
                                     tensorboard=settings.tensorboard)
@@ -273,6 +338,8 @@ class _Recorder:
                    learn_s=end - m.get("learn_t_start", end))
         if m.get("agent_steps") and iter_s > 0:  # multi-agent: rate with Dask's gaps included
             row["agent_steps_per_s_wall"] = m["agent_steps"] / iter_s
+        if self.timeline is not None:
+            row.update(self.timeline.split(it, row))
         self.writer.write(row)
         if self.bar is not None:
             self.bar.update(1)
@@ -292,7 +359,7 @@ def _checkpoint(settings: RunSettings, output: LearnerOutput, counters: dict[str
     if not output.metrics:
         return  # nothing trained since the start or the resume
     payload = {"version": output.version, "iteration": output.version, "learner": output.state,
-               "counters": counters, "meta": settings.meta}
+               "actors": output.actors, "counters": counters, "meta": settings.meta}
     save_checkpoint(settings.out / "checkpoints", output.version, payload,
                     keep=settings.keep_checkpoints)
 

@@ -43,6 +43,9 @@ class Fragment:
         What each replica needs from its worker.
     replicas : int
         How many copies run per iteration.
+    apart_from : tuple of str
+        Roles whose workers this role's replicas avoid when another worker offers its
+        resources (e.g. a learner that should run beside, not after, the rollouts).
 
     Examples
     --------
@@ -54,6 +57,7 @@ class Fragment:
     role: str
     resources: Resources = Resources(cpu=1)
     replicas: int = 1
+    apart_from: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not callable(self.fn):

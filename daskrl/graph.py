@@ -9,6 +9,7 @@ from typing import Any
 import dask
 from dask.delayed import Delayed, delayed
 
+from .failures import Call
 from .fragment import Fragment
 from .resources import Resources
 
@@ -51,8 +52,9 @@ def task(
     annotations: dict[str, Any] = {"resources": resources.to_dask()}
     if worker is not None:
         annotations.update(workers=[worker])
+    key = task_key(role, replica, iteration, run)
     with dask.annotate(**annotations):
-        return delayed(fn, pure=False)(*args, dask_key_name=task_key(role, replica, iteration, run))
+        return delayed(Call(fn, key), pure=False)(*args, dask_key_name=key)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ def plan_placement(
     """Assign each fragment's replicas to workers that offer its resources.
 
     Roles that need a GPU take GPU workers; other roles prefer workers without one, so a
-    learner's GPU worker is not also stepping envs. Replicas are spread round-robin.
+    learner's GPU worker is not also stepping envs. A fragment's ``apart_from`` roles'
+    workers are avoided when others fit. Replicas are spread round-robin.
 
     Parameters
     ----------
@@ -115,6 +118,8 @@ def plan_placement(
         if not use.gpu:
             no_gpu = [n for n in fits if not workers[n].get("GPU")]
             fits = no_gpu or fits
+        avoid = {n for other in frag.apart_from for n in chosen.get(other, ())}
+        fits = [n for n in fits if n not in avoid] or fits
         resolved[role] = use
         chosen[role] = tuple(fits[i % len(fits)] for i in range(replicas))
     return Placement(resolved, chosen)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -38,6 +39,8 @@ from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface
 
 from .cluster import configure_dask
+
+logger = logging.getLogger(__name__)
 
 
 def _restore_ctrl_c() -> None:
@@ -498,6 +501,9 @@ def wait_for_pools(client: Client, cluster: PoolCluster, timeout: str | float | 
                    ) -> None:
     """Block until every job's worker has registered with the scheduler.
 
+    Every 30 s of waiting it logs a warning naming the missing workers and their jobs' queue
+    states (e.g. ``12 PENDING (Resources)``), so a job the queue cannot place yet is visible.
+
     Raises
     ------
     TimeoutError
@@ -507,7 +513,7 @@ def wait_for_pools(client: Client, cluster: PoolCluster, timeout: str | float | 
     start = time.monotonic()
     wanted = cluster.expected_workers()
     logs = cluster.spec.log_directory or "the batch system's default output files"
-    checked = start
+    checked = told = start
     while True:
         info = client.scheduler_info(n_workers=-1)["workers"]
         missing = wanted - {str(w["name"]) for w in info.values()}
@@ -520,9 +526,13 @@ def wait_for_pools(client: Client, cluster: PoolCluster, timeout: str | float | 
             if ended:
                 raise RuntimeError(f"job(s) {', '.join(ended)} ended before their worker "
                                    f"connected: see their output in {logs}")
+        ids = cluster.job_ids()
+        jobs = sorted({ids.get(_job_of(n), "?") for n in missing})
+        if now - told >= 30 and now - start <= limit:
+            told = now
+            logger.warning("waiting %.0fs of %gs for workers %s (jobs %s)", now - start, limit,
+                           ", ".join(sorted(missing)), _queue_states(cluster.spec.kind, jobs))
         if now - start > limit:
-            ids = cluster.job_ids()
-            jobs = sorted({ids.get(_job_of(n), "?") for n in missing})
             raise TimeoutError(
                 f"workers {', '.join(sorted(missing))} did not connect within {limit:g}s "
                 f"(jobs {_queue_states(cluster.spec.kind, jobs)}): see their output in {logs}, "

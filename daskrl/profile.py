@@ -1,61 +1,301 @@
-"""Where an iteration's time goes, from ``metrics.csv``, and which setting to change."""
+"""Where an iteration's time goes, and which setting to change.
+
+During a run, :class:`Timeline` reads Dask's task stream (the scheduler's record of when
+each task computed and when the worker fetched its inputs) after every iteration and
+splits the iteration's wall time, from the previous learner task's end to this one's,
+into parts that add up to it:
+
+``time/env_s``           envs stepping (env tasks; the rollout's ``env_s`` share)
+``time/inference_s``     policy forward passes (inference tasks; the rollout's share)
+``time/rollout_other_s`` the rest of the rollouts (buffers, GAE; all of a rollout whose
+                         actor does not time its env and inference)
+``time/learn_s``         learner and gradient tasks, less any rollout fused into them
+``time/transfer_s``      inputs moving between workers while no task computes
+``time/idle_s``          nothing running: scheduler latency, the driver, waiting
+
+Overlapping tasks of different roles share the time between them equally; rollouts fused
+into a learner task (``single``, ``data-parallel``) are carved out of it by their own
+clocks. ``daskrl profile DIR`` prints the means and names the bottleneck.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from .plot import read_metrics
 
 PARTS = {
+    "env stepping": "time/env_s",
+    "inference": "time/inference_s",
+    "rollout, other (buffers, GAE)": "time/rollout_other_s",
+    "learning": "time/learn_s",
+    "data transfer": "time/transfer_s",
+    "scheduler and idle": "time/idle_s",
+}
+"""Label -> metrics.csv column of each part :class:`Timeline` writes."""
+
+LEGACY_PARTS = {
     "env stepping": "env_s",
     "inference": "inference_s",
     "rollout (env + inference)": "rollout_s",
     "learning": "learn_s",
     "scheduler, transfer and idle": "overhead_s",
 }
+"""The parts of runs written before the task-stream columns (tasks' own clocks)."""
 
 ADVICE = {
     "env": "env-bound: add rollout replicas (--num-actors) or envs per replica (--num-envs), "
            "or more workers",
+    "inference": "inference-bound: batch more envs per forward pass (--num-envs), or serve "
+                 "the policy from a GPU (--distribution central-inference --resources "
+                 "learner=GPU:1)",
     "learn": "learner-bound: give the learner a GPU (--resources learner=GPU:1), use larger "
              "minibatches (--num-minibatches), or the data-parallel distribution",
+    "transfer": "transfer-bound: move less between workers per iteration: fewer, larger "
+                "workers (--workers), or everything on one worker (--distribution single)",
     "overhead": "overhead-bound: put more work in each task (--num-steps, --num-envs) so "
                 "Dask's per-task cost is amortised",
 }
 
+_TRANSFER_ACTIONS = ("transfer", "deserialize", "disk-read", "disk-write")
+
+
+def sweep(records: list[Mapping[str, Any]], start: float, stop: float
+          ) -> tuple[dict[str, float], float, float]:
+    """Split ``[start, stop]`` into compute time by role, transfer time and idle time.
+
+    ``records`` are task-stream records (``key``, ``startstops``); a task's role is its
+    key's first word. Where tasks of several roles compute at once the time is shared
+    equally among the roles; transfer counts only while no task computes.
+
+    Examples
+    --------
+    >>> recs = [{"key": "rollout-0-it1-r", "startstops": [
+    ...             {"action": "transfer", "start": 0.0, "stop": 1.0},
+    ...             {"action": "compute", "start": 1.0, "stop": 5.0}]},
+    ...         {"key": "learner-0-it1-r", "startstops": [
+    ...             {"action": "compute", "start": 4.0, "stop": 8.0}]}]
+    >>> sweep(recs, 0.0, 10.0)
+    ({'rollout': 3.5, 'learner': 3.5}, 1.0, 2.0)
+    """
+    events: list[tuple[float, int, str]] = []
+    for rec in records:
+        role = str(rec["key"]).split("-", 1)[0]
+        for ss in rec.get("startstops", ()):
+            a, b = max(ss["start"], start), min(ss["stop"], stop)
+            if b > a:
+                label = "transfer" if ss["action"] in _TRANSFER_ACTIONS else role
+                events += [(a, 1, label), (b, -1, label)]
+    events.sort(key=lambda e: e[0])
+    roles: dict[str, float] = {}
+    active: Counter[str] = Counter()
+    transfer = idle = 0.0
+    prev = start
+    for t, delta, label in [*events, (stop, 0, "")]:
+        if t > prev:
+            busy = [r for r, n in active.items() if n > 0 and r != "transfer"]
+            for r in busy:
+                roles[r] = roles.get(r, 0.0) + (t - prev) / len(busy)
+            if not busy:
+                if active["transfer"] > 0:
+                    transfer += t - prev
+                else:
+                    idle += t - prev
+            prev = t
+        if label:
+            active[label] += delta
+    return roles, transfer, idle
+
+
+def split(roles: dict[str, float], transfer: float, idle: float, metrics: Mapping[str, Any]
+          ) -> dict[str, float]:
+    """The parts of :data:`PARTS` from a :func:`sweep` and the iteration's own metrics.
+
+    Rollout time is split into env, inference and the rest by the rollout's own
+    ``env_s``/``inference_s`` shares of ``rollout_s``. When no rollout, env or inference
+    task ran (the rollouts ran inside learner-side tasks), ``rollout_s`` is carved out of
+    those tasks' time.
+
+    Examples
+    --------
+    >>> parts = split({"rollout": 3.0, "learner": 2.0}, 0.5, 0.5,
+    ...               {"rollout_s": 3.0, "env_s": 2.0, "inference_s": 0.5})
+    >>> parts["time/env_s"], parts["time/inference_s"], parts["time/learn_s"]
+    (2.0, 0.5, 2.0)
+    """
+    roles = dict(roles)
+    env, inference = roles.pop("env", 0.0), roles.pop("inference", 0.0)
+    rollout = roles.pop("rollout", 0.0)
+    learn = sum(roles.values())
+    rollout_s = _num(metrics.get("rollout_s"))
+    if not (env or inference or rollout) and rollout_s > 0:
+        rollout = min(rollout_s, learn)
+        learn -= rollout
+    per_round = rollout_s / max(1.0, _num(metrics.get("rounds")) or 1.0)
+    f_env = _num(metrics.get("env_s")) / per_round if per_round > 0 else 0.0
+    f_inf = _num(metrics.get("inference_s")) / per_round if per_round > 0 else 0.0
+    scale = max(1.0, f_env + f_inf)  # maxima of different replicas may exceed the rollout
+    f_env, f_inf = f_env / scale, f_inf / scale
+    return {
+        "time/env_s": env + rollout * f_env,
+        "time/inference_s": inference + rollout * f_inf,
+        "time/rollout_other_s": rollout * (1.0 - f_env - f_inf),
+        "time/learn_s": learn,
+        "time/transfer_s": transfer,
+        "time/idle_s": idle,
+    }
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return out if math.isfinite(out) else 0.0
+
+
+class Timeline:
+    """Splits each iteration's wall time using Dask's task stream (see the module notes).
+
+    Parameters
+    ----------
+    backend : Backend
+        Gives task-stream records (:meth:`~daskrl.backend.DaskBackend.task_stream`); a
+        backend without them (``--scheduler sync``) gets the split from the tasks' own
+        clocks, with nothing in transfer.
+    run : str
+        The run id that ends every task key of this run.
+
+    Examples
+    --------
+    >>> from daskrl.backend import SyncBackend
+    >>> tl = Timeline(SyncBackend(), "r")
+    >>> row = {"iteration_s": 1.0, "rollout_s": 0.6, "env_s": 0.4, "learn_s": 0.3}
+    >>> {k: round(v, 3) for k, v in tl.split(0, row).items()}["time/idle_s"]
+    0.1
+    """
+
+    def __init__(self, backend: Any, run: str) -> None:
+        self.backend, self.run = backend, run
+        self.records: list[Mapping[str, Any]] = []
+        self.prev_end: float | None = None
+        try:
+            self.cursor: int | None = backend.task_stream(None)[0]
+        except Exception:  # noqa: BLE001 - a scheduler without the task-stream cursor
+            self.cursor = None
+
+    def _fetch(self) -> None:
+        if self.cursor is None:
+            return
+        try:
+            self.cursor, new = self.backend.task_stream(self.cursor)
+        except Exception:  # noqa: BLE001 - profiling must never stop a run
+            self.cursor, new = None, []
+        suffix = f"-{self.run}"
+        self.records += [r for r in new if str(r.get("key", "")).endswith(suffix)]
+
+    def split(self, iteration: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """The parts of iteration ``iteration`` (0-based) and ``time/iteration_s``.
+
+        ``metrics`` is the iteration's row (``rollout_s``, ``env_s``, ``inference_s``,
+        ``learn_s``, ``iteration_s``).
+        """
+        self._fetch()
+        window = self._window(iteration)
+        if window is None:  # no record of this learner task: the tasks' own clocks
+            self.prev_end, self.records = None, self.records[-10_000:]
+            return self._from_clocks(metrics)
+        start, stop = window
+        roles, transfer, idle = sweep(self.records, start, stop)
+        out = split(roles, transfer, idle, metrics)
+        out["time/iteration_s"] = stop - start
+        self.records = [r for r in self.records
+                        if max((s["stop"] for s in r.get("startstops", ())), default=0) > stop]
+        self.prev_end = stop
+        return out
+
+    def _window(self, iteration: int) -> tuple[float, float] | None:
+        """From the previous learner task's end (or this iteration's first task) to this
+        learner task's end, on the scheduler's clock."""
+        final = f"learner-0-it{iteration}-{self.run}"
+        ends = [ss["stop"] for r in self.records if r["key"] == final
+                for ss in r.get("startstops", ()) if ss["action"] == "compute"]
+        if not ends:
+            return None
+        stop = ends[-1]
+        start = self.prev_end
+        if start is None:
+            mark = f"-it{iteration}-"
+            starts = [ss["start"] for r in self.records if mark in str(r["key"])
+                      for ss in r.get("startstops", ()) if ss["action"] == "compute"]
+            start = min(starts, default=stop)
+        return start, stop
+
+    @staticmethod
+    def _from_clocks(metrics: Mapping[str, Any]) -> dict[str, float]:
+        """The split from the tasks' own clocks (no task stream: nothing moves)."""
+        wall = _num(metrics.get("iteration_s"))
+        rollout, learn = _num(metrics.get("rollout_s")), _num(metrics.get("learn_s"))
+        out = split({"rollout": rollout, "learner": learn}, 0.0, 0.0, metrics)
+        out["time/idle_s"] = max(0.0, wall - rollout - learn)
+        out["time/iteration_s"] = wall
+        return out
+
 
 def breakdown(run_dir: Path, skip: int = 1) -> dict[str, float]:
-    """Mean seconds per iteration of each part (the first ``skip`` iterations dropped).
+    """Mean seconds per iteration of each part, and ``"iteration"`` (the first ``skip``
+    iterations dropped: they pay for worker start-up).
 
-    Means, not medians, so the parts add up to the mean iteration time.
+    Means, not medians, so the parts add up to the mean iteration time. Runs written
+    before the ``time/`` columns get :data:`LEGACY_PARTS`.
 
-    When the rollout reports env and inference time separately, those replace the
-    combined rollout part.
+    Examples
+    --------
+    >>> breakdown(Path("runs/ppo-20260101-000000"))  # doctest: +SKIP
+    {'env stepping': 0.21, 'inference': 0.05, ..., 'iteration': 0.34}
     """
     data = read_metrics(run_dir)
     if "iteration_s" not in data:
         raise ValueError(f"{run_dir}/metrics.csv has no iteration_s column: not a daskrl run?")
     n = len(data["iteration_s"])
     rows = range(min(skip, n - 1), n)
+    modern = any(not math.isnan(v) for v in data.get(PARTS["learning"], []))
+    parts = PARTS if modern else LEGACY_PARTS
     out: dict[str, float] = {}
-    for label, col in PARTS.items():
+    for label, col in parts.items():
         values = [data[col][i] for i in rows if col in data and not math.isnan(data[col][i])]
         if values:
             out[label] = statistics.fmean(values)
-    if "env stepping" in out and "inference" in out:
+    if not modern and "env stepping" in out and "inference" in out:
         out.pop("rollout (env + inference)", None)
     out["iteration"] = statistics.fmean(data["iteration_s"][i] for i in rows)
     return out
 
 
-def bottleneck(parts: dict[str, float]) -> str:
-    """The advice for the largest part."""
-    env = parts.get("env stepping", parts.get("rollout (env + inference)", 0.0))
-    scores = {"env": env, "learn": parts.get("learning", 0.0),
-              "overhead": parts.get("scheduler, transfer and idle", 0.0)}
-    return ADVICE[max(scores, key=scores.get)]
+def bottleneck(parts: Mapping[str, float]) -> str:
+    """The advice for the largest part (rollout bookkeeping counts with the envs: more
+    replicas share it too).
+
+    Examples
+    --------
+    >>> bottleneck({"env stepping": 0.5, "learning": 0.2, "scheduler and idle": 0.1})[:10]
+    'env-bound:'
+    """
+    get = parts.get
+    scores = {
+        "env": get("env stepping", 0.0) + get("rollout, other (buffers, GAE)", 0.0)
+        + (0.0 if "env stepping" in parts else get("rollout (env + inference)", 0.0)),
+        "inference": get("inference", 0.0),
+        "learn": get("learning", 0.0),
+        "transfer": get("data transfer", 0.0),
+        "overhead": get("scheduler and idle", get("scheduler, transfer and idle", 0.0)),
+    }
+    return ADVICE[max(scores, key=lambda k: scores[k])]
 
 
 def report(run_dir: Path) -> str:
@@ -64,10 +304,15 @@ def report(run_dir: Path) -> str:
     Examples
     --------
     >>> print(report(Path("runs/ppo-20260101-000000")))  # doctest: +SKIP
+    mean iteration: 341.0 ms (parts add up to 100.2%)
+      env stepping                  210.0 ms   61.6%
+      ...
+    bottleneck: env-bound: add rollout replicas (--num-actors) ...
     """
     parts = breakdown(run_dir)
     total = parts.pop("iteration")
-    lines = [f"mean iteration: {total * 1e3:.1f} ms"]
+    covered = sum(parts.values()) / total if total > 0 else float("nan")
+    lines = [f"mean iteration: {total * 1e3:.1f} ms (parts add up to {covered:.1%})"]
     for label, value in parts.items():
         share = value / total if total > 0 else float("nan")
         lines.append(f"  {label:<30} {value * 1e3:8.1f} ms  {share:6.1%}")

@@ -6,15 +6,20 @@ resident on the worker (:mod:`daskrl.state`) and rebuilt from seeds where it is 
 
 from __future__ import annotations
 
+import pickle
+import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from .algorithm import Actor, Algorithm, Batch, LearnerOutput, require
-from .state import resident, worker_name
+from .state import drop_key, resident, worker_name
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,8 @@ class TaskContext:
     iteration: int
     num_iterations: int
     gpu: float = 0
+    deterministic: bool = False
+    env_retries: int = 0
 
     def replica_seed(self, salt: int = 0) -> int:
         """A seed for (run seed, replica, salt), independent across replicas.
@@ -47,25 +54,66 @@ def pick_device(gpu: float) -> str:
 
 
 def resident_actor(ctx: TaskContext, algo: Algorithm, replicas: tuple[int, ...] = (),
-                   role: str = "rollout") -> tuple[Actor, bool]:
+                   role: str = "rollout", saved: Mapping[str, bytes] | None = None
+                   ) -> tuple[Actor, bool]:
     """This worker's actor for ``ctx.replica`` (or the fused actor of ``replicas``).
 
     A fused actor runs the envs of several co-located replicas as one batched actor
     (``len(replicas) * algo.num_envs`` envs, one forward pass per step).
+
+    In deterministic mode (``ctx.deterministic``) an actor that is missing, or that is not
+    at the end of iteration ``ctx.iteration - 1`` (a rerun after a lost worker), is rebuilt
+    from its state in ``saved`` (:attr:`LearnerOutput.actors`), so it continues exactly
+    where the previous iteration left it.
     """
     # A replica first built after iteration 0 (a fresh or replacement worker) gets seeds
     # salted by that iteration, so it does not replay the episodes it played before.
     seed = ctx.replica_seed(ctx.iteration)
-    if len(replicas) <= 1:
-        return resident((ctx.run, role, ctx.replica), lambda: algo.make_actor(seed))
+    ident: Any = ctx.replica if len(replicas) <= 1 else replicas
 
     def build() -> Actor:
+        if ctx.deterministic and saved and snapshot_key(role, ident) in saved:
+            return pickle.loads(saved[snapshot_key(role, ident)])
+        if len(replicas) <= 1:
+            return algo.make_actor(seed)
         proto = algo.make_actor(seed)
         require(proto, "resized", "fusion", "give the actor resized(num_envs, seed), or "
                 "turn fusion off with NAME:fuse=false")
         return proto.resized(len(replicas) * algo.num_envs, seed)  # type: ignore[attr-defined]
 
-    return resident((ctx.run, role, replicas), build)
+    key = (ctx.run, role, ident)
+    if not ctx.deterministic:
+        return resident(key, build)
+    store, _ = resident((*key, "at"), dict)
+    if store.get("next") not in (None, ctx.iteration):  # ahead or behind: rebuild exactly
+        drop_key(key)
+    actor, built = resident(key, build)
+    store["next"] = ctx.iteration + 1
+    return actor, built
+
+
+def snapshot_key(role: str, ident: int | tuple[int, ...]) -> str:
+    """The key of an actor's state in :attr:`LearnerOutput.actors`.
+
+    Examples
+    --------
+    >>> snapshot_key("rollout", 2), snapshot_key("single", (0, 1))
+    ('rollout/2', 'single/0+1')
+    """
+    label = "+".join(map(str, ident)) if isinstance(ident, tuple) else str(ident)
+    return f"{role}/{label}"
+
+
+def keep_snapshot(ctx: TaskContext, actor: Actor, role: str, ident: int | tuple[int, ...],
+                  stats: dict[str, Any]) -> None:
+    """Deterministic mode: put the actor's pickled state in its rollout ``stats``."""
+    if ctx.deterministic:
+        stats["actor_state"] = {snapshot_key(role, ident): pickle.dumps(actor)}
+
+
+def snapshots(stats: list[dict[str, Any]]) -> dict[str, bytes]:
+    """The actor states that :func:`keep_snapshot` put in rollout stats, merged."""
+    return {k: v for s in stats for k, v in s.get("actor_state", {}).items()}
 
 
 def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps: int,
@@ -74,12 +122,55 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
 
     With ``replicas`` (more than one), the co-located replicas run fused as one actor.
     """
-    actor, built = resident_actor(ctx, algo, replicas)
-    actor.set_weights(learner_in.weights, learner_in.version)
-    batch = actor.rollout(steps)
+    ident = replicas if len(replicas) > 1 else ctx.replica
+
+    def collect() -> tuple[Actor, Batch, bool]:
+        actor, built = resident_actor(ctx, algo, replicas, saved=learner_in.actors)
+        actor.set_weights(learner_in.weights, learner_in.version)
+        return actor, actor.rollout(steps), built
+
+    (actor, batch, built), retries = with_env_retries(ctx, (ctx.run, "rollout", ident), collect)
     label = "+".join(map(str, replicas)) if len(replicas) > 1 else ctx.replica
-    batch["stats"].update(worker=worker_name(), built=built, replica=label)
+    batch["stats"].update(worker=worker_name(), built=built, replica=label, env_retries=retries)
+    keep_snapshot(ctx, actor, "rollout", ident, batch["stats"])
     return batch
+
+
+def with_env_retries(ctx: TaskContext, key: Any, collect: Callable[[], T]) -> tuple[T, int]:
+    """Run ``collect``; if it raises, drop the resident actor ``key`` and try again.
+
+    Up to ``ctx.env_retries`` retries, each on an actor rebuilt from its seed (an env that
+    crashed may be left in any state); then the last error stands, with the env's own
+    traceback. Returns the result and the number of retries it took.
+
+    Examples
+    --------
+    >>> ctx = TaskContext("r", 1, 0, 0, 1, env_retries=1)
+    >>> calls = []
+    >>> def flaky():
+    ...     calls.append(1)
+    ...     if len(calls) == 1:
+    ...         raise RuntimeError("simulator crashed")
+    ...     return "batch"
+    >>> with_env_retries(ctx, ("r", "rollout", 0), flaky)
+    ('batch', 1)
+    """
+    for attempt in range(ctx.env_retries + 1):
+        try:
+            return collect(), attempt
+        except Exception as exc:
+            if attempt == ctx.env_retries:
+                raise
+            drop_key(key)
+            if ctx.deterministic:
+                drop_key((*key, "at"))
+            who = "+".join(map(str, key[2])) if isinstance(key[2], tuple) else key[2]
+            print(f"daskrl: {key[1]} {who} on {worker_name()}: {type(exc).__name__}: {exc}; "
+                  f"rebuilding its envs (retry {attempt + 1} of {ctx.env_retries})",
+                  file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 
 
 def resident_learner(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
@@ -104,6 +195,7 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
           ) -> LearnerOutput:
     """Role ``learner``: one update of the resident learner; returns weights and metrics."""
     t0 = time.time()
+    check_batches(batches)
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
     metrics: dict[str, Any] = learner.update(list(batches), ctx.iteration / ctx.num_iterations)
@@ -111,7 +203,37 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     metrics.update(merge_stats([b["stats"] for b in batches]))
     metrics.update(learner_worker=worker_name(), learner_built=built,
                    learn_t_start=t0, learn_t_end=time.time())
-    return LearnerOutput(learner_in.version + 1, learner.state_dict(), learner.weights(), metrics)
+    return LearnerOutput(learner_in.version + 1, learner.state_dict(), learner.weights(), metrics,
+                         snapshots([b["stats"] for b in batches]))
+
+
+def check_batches(batches: tuple[Batch, ...] | list[Batch]) -> None:
+    """Raise ``ValueError`` when the replicas' batches disagree on an array's shape per step.
+
+    Examples
+    --------
+    >>> a = {"obs": np.zeros((5, 4)), "stats": {"replica": 0}}
+    >>> b = {"obs": np.zeros((3, 6)), "stats": {"replica": 1}}
+    >>> check_batches([a, b])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: rollout replicas disagree on 'obs': replica 0 has shape (4,) per step, ...
+    """
+    if len(batches) < 2:
+        return
+    first = batches[0]
+    for key, value in first.items():
+        if key == "stats" or not hasattr(value, "shape"):
+            continue
+        for other in batches[1:]:
+            got = getattr(other.get(key), "shape", None)
+            if got is not None and got[1:] != value.shape[1:]:
+                raise ValueError(
+                    f"rollout replicas disagree on {key!r}: replica "
+                    f"{first['stats'].get('replica')} has shape {tuple(value.shape[1:])} per "
+                    f"step, replica {other['stats'].get('replica')} has {tuple(got[1:])}; "
+                    "every replica must build the same env (check make_actor and the env's "
+                    "observation space)")
 
 
 def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -125,6 +247,11 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     if any("agent_steps" in s for s in stats):  # multi-agent actors: totals over replicas
         out["agents"] = sum(s.get("agents", 0) for s in stats)
         out["agent_steps"] = sum(s.get("agent_steps", 0) for s in stats)
+    # seconds inside a rollout: the max over replicas, like rollout_s (they run in parallel)
+    for key in ("env_s", "inference_s"):
+        timed = [s[key] for s in stats if key in s]
+        if timed:
+            out[key] = max(timed)
     return out | {
         "env_steps": sum(s["env_steps"] for s in stats),
         "episodes": len(returns),
@@ -134,6 +261,7 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
         "rollout_t_start": min(s["t_start"] for s in stats),
         "rollout_workers": ";".join(f"{s['replica']}@{s['worker']}" for s in stats),
         "actors_built": sum(bool(s["built"]) for s in stats),
+        "env_retries": sum(int(s.get("env_retries", 0)) for s in stats),
     }
 
 

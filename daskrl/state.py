@@ -75,6 +75,32 @@ def resident(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
         return obj, True
 
 
+def drop_key(key: Hashable) -> bool:
+    """Forget (and close) the object under ``key`` on this worker; whether there was one.
+
+    Examples
+    --------
+    >>> _ = resident(("run", "rollout", 1), list)
+    >>> drop_key(("run", "rollout", 1)), drop_key(("run", "rollout", 1))
+    (True, False)
+    """
+    store = _store()
+    with _LOCK:
+        obj = store.pop(key, None)
+    if obj is not None:
+        _close(obj)
+    return obj is not None
+
+
+def _close(obj: Any) -> None:
+    closer = getattr(obj, "close", None)
+    if callable(closer):
+        try:
+            closer()
+        except Exception:  # noqa: BLE001 - best effort clean-up
+            pass
+
+
 def drop_run(run: str, dask_worker: Any = None) -> int:
     """Forget every object of ``run`` on this worker; returns how many.
 
@@ -85,11 +111,5 @@ def drop_run(run: str, dask_worker: Any = None) -> int:
     with _LOCK:
         keys = [k for k in store if isinstance(k, tuple) and k and k[0] == run]
         for k in keys:
-            closer = getattr(store[k], "close", None)
-            if callable(closer):
-                try:
-                    closer()
-                except Exception:  # noqa: BLE001 - best effort clean-up
-                    pass
-            del store[k]
+            _close(store.pop(k))
     return len(keys)

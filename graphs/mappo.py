@@ -20,6 +20,7 @@ from functools import partial
 import torch
 
 from daskrl import Algorithm, Resources, setting
+from daskrl.memory import Sizes, mlp_params, transition_bytes
 from marl.mappo import (
     EnvSpec,
     MAPPOActor,
@@ -123,6 +124,16 @@ def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
                           config.eval_episodes, config.eval_deterministic, config.random())
 
 
+def model_params(layout: TeamLayout, spec: ModelSpec) -> int:
+    """Parameters of the team actors and critics, counted without building them (a central
+    critic over many agents is large): for the memory check before launch."""
+    dims = [layout.team_obs_dim(t) for t in range(len(layout.names))]
+    state = 0 if spec.critic != "central" else (
+        layout.state_dim if spec.state == "concat" else sum(dims))
+    return sum(mlp_params(d, layout.num_actions, spec.hidden)
+               + mlp_params(d + state, 1, spec.hidden) for d in dims)
+
+
 def build(config: Config) -> Algorithm:
     """MAPPO as an :class:`~daskrl.Algorithm`; the distribution decides where each role runs."""
     layout = layout_of(config.env_spec())  # checks the env and reads its teams
@@ -147,4 +158,6 @@ def build(config: Config) -> Algorithm:
             "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
             "evaluate": Resources(cpu=1),
         },
+        sizes=Sizes(transition_bytes(layout.obs_dim, layout.num_agents),
+                    model_params(layout, config.model_spec())),
     )

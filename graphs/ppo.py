@@ -12,6 +12,7 @@ from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import ActorCriticLearner, VecEnvActor, evaluate_policy
 from daskrl.algos.ppo import PPOHyper
 from daskrl.envs import make_vector_env, space_dims
+from daskrl.memory import Sizes, mlp_params, transition_bytes
 
 
 @dataclass
@@ -35,6 +36,8 @@ class Config:
     max_grad_norm: float = setting("gradient-norm clip", 0.5)
     hidden: int = setting("hidden units in each of the two layers", 64)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
+    env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
+                                   "expensive simulator)", 0.0)
 
     def hyper(self) -> PPOHyper:
         """The update settings, with ``--minibatch-size`` turned into a minibatch count."""
@@ -59,7 +62,7 @@ def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, devi
 def make_actor(config: Config, seed: int) -> VecEnvActor:
     """Role ``rollout``: one replica's envs and policy copy."""
     return VecEnvActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                       config.gae_lambda)
+                       config.gae_lambda, config.env_step_cost)
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
@@ -72,6 +75,8 @@ def build(config: Config) -> Algorithm:
     probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
     obs_dim, num_actions = space_dims(probe)
     probe.close()
+    hidden = (config.hidden,) * 2  # DiscreteActorCritic: an actor and a critic MLP
+    params = mlp_params(obs_dim, num_actions, hidden) + mlp_params(obs_dim, 1, hidden)
     return Algorithm(
         name="ppo",
         make_actor=partial(make_actor, config),
@@ -86,4 +91,5 @@ def build(config: Config) -> Algorithm:
             "evaluate": Resources(cpu=1),
         },
         env_id=config.env,
+        sizes=Sizes(transition_bytes(obs_dim), params),  # for the memory check at launch
     )

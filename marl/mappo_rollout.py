@@ -229,10 +229,14 @@ class MAPPOActor:
         b_done = torch.zeros(t_max, e, a, dtype=torch.bool, device=dev)
         finals: list[tuple[int, Tensor, Tensor]] = []
         self.tracker.clear()
+        inference_s = env_s = 0.0  # the profiler's split of the rollout (host-side clocks)
         for t in range(t_max):
             b_obs[t] = obs
+            t0 = time.perf_counter()
             b_act[t], b_logp[t] = model.act(obs, self.generator, random_teams=self.random_teams)
+            t1 = time.perf_counter()
             obs, rew, term, trunc, info = env.step(b_act[t])
+            inference_s, env_s = inference_s + t1 - t0, env_s + time.perf_counter() - t1
             obs = obs.float()
             b_rew[t] = rew
             b_done[t] = term | trunc
@@ -242,7 +246,9 @@ class MAPPOActor:
                 finals.append((t, rows, info["final_obs"][rows].float()))
         b_obs[t_max] = obs
         self.obs = obs
+        t0 = time.perf_counter()
         values = model.value(b_obs.view((t_max + 1) * e, a, d)).view(t_max + 1, e, a)
+        inference_s += time.perf_counter() - t0
         next_values = values[1:].clone()
         for t, rows, final_obs in finals:
             next_values[t, rows] = model.value(final_obs)
@@ -255,7 +261,7 @@ class MAPPOActor:
             "env_steps": t_max * e, "agents": n, "agent_steps": t_max * n,
             "episode_returns": tr.headline, "episode_lengths": tr.lengths,
             "team_returns": tr.team_returns, "t_start": t_start, "t_end": time.time(),
-            "policy_version": self.version,
+            "policy_version": self.version, "env_s": env_s, "inference_s": inference_s,
         }
         slots = t_max * e
         return {"obs": b_obs[:t_max].view(slots, a, d), "actions": b_act.view(slots, a),

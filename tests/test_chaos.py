@@ -1,8 +1,12 @@
-"""Worker loss: kill -9 a worker mid-training; the run finishes with every iteration once.
+"""Process loss: ``kill -9`` a worker or the driver mid-training; the run still completes.
 
-Marked ``chaos`` and left out of the default run: when the kill lands while the driver is
-gathering a result from that worker, the Dask client can lose its scheduler connection
-(see the closing notes of the reliability work). Run with ``python -m pytest -m chaos``.
+Worker loss runs under every distribution on an external ``dask scheduler`` with two
+nanny-managed ``dask worker`` processes (shared by those tests: a killed worker comes back
+under its name), and for ``actors-learner`` also on workers without a nanny (the pool
+shrinks) and on the embedded cluster of ``daskrl train``. Driver loss kills ``daskrl train``
+itself and continues with ``--resume``. Every run must end with one ``metrics.csv`` row per
+iteration, in order, and an env-step counter that never repeats or skips an iteration; a
+pool that shrinks to nothing must stop the run with a one-line error, not hang.
 """
 
 from __future__ import annotations
@@ -15,12 +19,23 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from distributed import Client
+
+from daskrl.checkpoint import list_checkpoints
+
+pytestmark = pytest.mark.chaos
 
 ROOT = Path(__file__).resolve().parents[1]
+ENVS, STEPS, ACTORS = 4, 32, 2
+SPI = ACTORS * ENVS * STEPS  # env steps an iteration asks for
+ITERATIONS = 16
+SMALL = ["--num-actors", str(ACTORS), "--num-envs", str(ENVS), "--num-steps", str(STEPS)]
+PPO_SMALL = [*SMALL, "--update-epochs", "2", "--num-minibatches", "2"]
 
 
 def _free_port() -> int:
@@ -37,68 +52,238 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True, cwd=ROOT)
 
 
-def _worker_pid(proc: subprocess.Popen, nanny: bool) -> int:
-    """The process that runs tasks: the nanny's child, or the worker itself."""
-    if not nanny:
-        return proc.pid
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        children = psutil.Process(proc.pid).children(recursive=True)
-        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
-        if workers:
-            return workers[0].pid
-        time.sleep(0.2)
-    raise AssertionError("the nanny started no worker process")
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Stop the process groups of ``procs`` (started in new sessions): TERM, then KILL."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
 
 
-@pytest.mark.chaos
-@pytest.mark.parametrize("nanny", [True, False], ids=["nanny", "no-nanny"])
-def test_run_survives_a_killed_worker(tmp_path: Path, nanny: bool) -> None:
+def _train(tmp: Path, graph: str, out: Path, extra: list[str], log: str = "train.log"
+           ) -> subprocess.Popen:
+    return _spawn([sys.executable, "-m", "daskrl.cli", "train", graph, "--out", str(out),
+                   "--steps", str(ITERATIONS * SPI), "--checkpoint-every", "2",
+                   "--no-progress", "--no-eval", *extra], tmp / log)
+
+
+def _wait_rows(proc: subprocess.Popen, out: Path, log: Path, n: int, limit: float = 240) -> int:
+    """Wait until ``metrics.csv`` has ``n`` rows while ``proc`` runs; returns the row count."""
+    deadline = time.monotonic() + limit
+    while (count := len(_rows(out / "metrics.csv"))) < n:
+        assert proc.poll() is None, f"the run ended early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {n} rows in {limit}s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.1)
+    return count
+
+
+def _finished(proc: subprocess.Popen, log: Path, limit: float = 300) -> str:
+    try:
+        code = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the run did not end in {limit}s:\n"
+                             f"{log.read_text()[-3000:]}") from None
+    text = log.read_text()
+    assert code == 0, f"exit code {code}:\n{text[-3000:]}"
+    return text
+
+
+def _check_metrics(out: Path) -> list[dict[str, str]]:
+    """Every iteration exactly once, in order, and env steps counted once per iteration."""
+    rows = _rows(out / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, ITERATIONS + 1))
+    own = [int(r["iteration_env_steps"]) for r in rows]
+    assert min(own) > SPI // 2  # a few auto-reset steps carry no transition
+    total = [int(r["env_steps"]) for r in rows]
+    assert total == [sum(own[: i + 1]) for i in range(len(own))]  # no lost iteration counted
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == ITERATIONS
+    assert summary["env_steps"] == total[-1]
+    return rows
+
+
+def _check_recovery(log: str) -> None:
+    """The driver saw the loss and recovered, keeping its scheduler connection throughout."""
+    assert "lost (" in log, log[-3000:]
+    assert "scheduler-connection-lost" not in log, log[-3000:]
+    assert "AssertionError" not in log, log[-3000:]  # the embedded scheduler logs here
+
+
+def _rebuilt_after(rows: list[dict[str, str]], killed_at: int) -> bool:
+    """Whether an iteration recorded after the kill built an actor or the learner again."""
+    later = rows[max(1, killed_at):]  # iteration 1 builds everything anyway
+    return any(int(r.get("actors_built") or 0) or r.get("learner_built") == "True"
+               for r in later)
+
+
+@pytest.fixture(scope="module")
+def chaos_nanny_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An external scheduler with nanny-managed workers ``a`` and ``b`` (CPU=1 each).
+
+    Yields the folder of the logs; its ``address`` file holds the scheduler's address.
+    """
+    logs = tmp_path_factory.mktemp("nanny-cluster")
+    address, procs = _external(logs, nanny=True)
+    try:
+        yield logs
+    finally:
+        _stop(procs)
+
+
+def _external(logs: Path, nanny: bool) -> tuple[str, list[subprocess.Popen]]:
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
                      "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"],
-                    tmp_path / "scheduler.log")]
+                    logs / "scheduler.log")]
+    (logs / "address").write_text(address)
+    for name in ("a", "b"):
+        args = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--host",
+                "127.0.0.1", "--nthreads", "1", "--name", name, "--resources", "CPU=1",
+                "--dashboard-address", "127.0.0.1:0"]
+        procs.append(_spawn(args + ([] if nanny else ["--no-nanny"]), logs / f"worker-{name}.log"))
+    return address, procs
+
+
+def _worker_pids(address: str) -> dict[str, int]:
+    """Worker name -> pid of the process that runs its tasks, once both workers are up."""
+    with Client(address, timeout=60) as client:
+        client.wait_for_workers(2, timeout=120)
+        names = {addr: str(w["name"]) for addr, w in client.scheduler_info(n_workers=-1)
+                 ["workers"].items()}
+        return {names[addr]: pid for addr, pid in client.run(os.getpid).items() if addr in names}
+
+
+def _kill_worker_mid_run(tmp: Path, cluster: Path, graph: str, extra: list[str]
+                         ) -> tuple[list[dict[str, str]], str]:
+    """Train on the external ``cluster``, kill -9 worker ``a`` after two iterations."""
+    address, scheduler_log = (cluster / "address").read_text(), cluster / "scheduler.log"
+    victim = _worker_pids(address)["a"]  # a holds the learner and rollout replica 0
+    logged = scheduler_log.stat().st_size
+    out, log = tmp / "run", tmp / "train.log"
+    train = _train(tmp, graph, out, ["--scheduler", address, *extra])
     try:
-        time.sleep(2)
-        for name in ("a", "b"):
-            args = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--host",
-                    "127.0.0.1", "--nthreads", "1", "--name", name, "--resources", "CPU=1",
-                    "--dashboard-address", "127.0.0.1:0"]
-            procs.append(_spawn(args + ([] if nanny else ["--no-nanny"]),
-                                tmp_path / f"worker-{name}.log"))
-        out = tmp_path / "run"
-        train = _spawn(["daskrl", "train", "graphs/ppo.py", "--scheduler", address, "--out",
-                        str(out), "--steps", str(40 * 2 * 4 * 64), "--num-actors", "2",
-                        "--num-envs", "4", "--num-steps", "64", "--no-progress", "--no-eval"],
-                       tmp_path / "train.log")
-        procs.append(train)
-        deadline = time.monotonic() + 240
-        while len(_rows(out / "metrics.csv")) < 5 and time.monotonic() < deadline:
-            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
-            time.sleep(0.2)
-        victim = _worker_pid(procs[1], nanny)
+        killed_at = _wait_rows(train, out, log, 2)
         os.kill(victim, signal.SIGKILL)
-        assert train.wait(timeout=300) == 0, (tmp_path / "train.log").read_text()[-3000:]
-        rows = _rows(out / "metrics.csv")
-        assert [int(r["iteration"]) for r in rows] == list(range(1, 41))
-        steps = [int(r["env_steps"]) for r in rows]
-        assert steps == sorted(steps)
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary["iterations"] == 40
-        assert "lost" in (tmp_path / "train.log").read_text()  # the driver saw the loss
-        # the killed replica was rebuilt: some iteration after the kill built an actor again
-        assert sum(int(r["actors_built"]) for r in rows[5:]) >= 1
+        text = _finished(train, log)
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        _stop([train])
+    rows = _check_metrics(out)
+    _check_recovery(text)
+    scheduler = scheduler_log.read_bytes()[logged:].decode(errors="replace")
+    assert "AssertionError" not in scheduler, scheduler[-3000:]
+    assert _rebuilt_after(rows, killed_at), [r["rollout_workers"] for r in rows]
+    return rows, text
+
+
+@pytest.mark.parametrize("distribution", ["actors-learner", "central-inference",
+                                          "data-parallel", "single", "async"])
+def test_every_distribution_survives_a_killed_worker(
+        tmp_path: Path, chaos_nanny_cluster: Path, distribution: str) -> None:
+    graph, extra = ("graphs/a3c.py", SMALL) if distribution == "async" else (
+        "graphs/ppo.py", PPO_SMALL)
+    _kill_worker_mid_run(tmp_path, chaos_nanny_cluster, graph,
+                         ["--distribution", distribution, *extra])
+
+
+def test_the_pool_shrinks_without_a_nanny(tmp_path: Path) -> None:
+    _, procs = _external(tmp_path, nanny=False)
+    try:
+        rows, _ = _kill_worker_mid_run(tmp_path, tmp_path, "graphs/ppo.py", PPO_SMALL)
+    finally:
+        _stop(procs)
+    # worker a never comes back: the last iterations ran all replicas and the learner on b
+    assert rows[-1]["learner_worker"] == "b"
+    assert all(w.endswith("@b") for w in rows[-1]["rollout_workers"].split(";"))
+
+
+def test_a_pool_that_shrinks_to_nothing_stops_the_run_with_a_clear_error(tmp_path: Path
+                                                                         ) -> None:
+    address, procs = _external(tmp_path, nanny=False)
+    try:
+        pids = _worker_pids(address)
+        out, log = tmp_path / "run", tmp_path / "train.log"
+        train = _train(tmp_path, "graphs/ppo.py", out, ["--scheduler", address, *PPO_SMALL])
+        procs.append(train)
+        _wait_rows(train, out, log, 2)
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        try:
+            code = train.wait(timeout=120)  # the driver waits 30 s for workers to return
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the run hangs:\n{log.read_text()[-3000:]}") from None
+    finally:
+        _stop(procs)
+    text = log.read_text()
+    assert code == 2, text[-3000:]
+    assert "daskrl: error: the cluster lost the workers this run needs" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert list_checkpoints(out / "checkpoints")  # the last finished iteration is kept
+
+
+def _worker_processes(proc: subprocess.Popen, count: int, limit: float = 120) -> list[int]:
+    """Pids of the embedded cluster's worker processes (children of ``daskrl train``)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        kids = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                if "spawn_main" in " ".join(c.cmdline())]
+        if len(kids) >= count:
+            return [c.pid for c in sorted(kids, key=lambda c: c.create_time())]
+        time.sleep(0.2)
+    raise AssertionError(f"daskrl train started fewer than {count} worker processes")
+
+
+def test_embedded_cluster_survives_a_killed_worker(tmp_path: Path) -> None:
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    train = _train(tmp_path, "graphs/ppo.py", out, ["--workers", "2", *PPO_SMALL])
+    try:
+        killed_at = _wait_rows(train, out, log, 2)
+        os.kill(_worker_processes(train, 2)[0], signal.SIGKILL)
+        text = _finished(train, log)
+    finally:
+        _stop([train])
+    rows = _check_metrics(out)
+    _check_recovery(text)
+    assert _rebuilt_after(rows, killed_at), [r["rollout_workers"] for r in rows]
+
+
+def test_resume_after_the_driver_is_killed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["--workers", "2", *PPO_SMALL]
+    first = _train(tmp_path, "graphs/ppo.py", out, args, log="first.log")
+    try:
+        _wait_rows(first, out, tmp_path / "first.log", 5)  # a checkpoint at 2 or 4
+        workers = [psutil.Process(pid) for pid in _worker_processes(first, 2)]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=20)
+        _, left = psutil.wait_procs(workers, timeout=60)  # they leave with their scheduler
+        assert not left, f"workers {left} outlived the killed driver"
+    finally:
+        try:
+            os.killpg(first.pid, signal.SIGKILL)  # whatever is left of its session
+        except ProcessLookupError:
+            pass
+    done = _rows(out / "metrics.csv")
+    assert 5 <= len(done) < ITERATIONS, "the kill did not land mid-run"
+    kept = max(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("ckpt-*.pt"))
+    second = _train(tmp_path, "graphs/ppo.py", out, [*args, "--resume"], log="second.log")
+    try:
+        _finished(second, tmp_path / "second.log")
+    finally:
+        _stop([second])
+    rows = _check_metrics(out)
+    assert rows[:kept] == done[:kept]  # iterations up to the checkpoint were not run again
+    walls = [float(r["wall_s"]) for r in rows]
+    assert walls == sorted(walls)  # the wall-clock counter continued from the checkpoint

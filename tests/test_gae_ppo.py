@@ -12,8 +12,10 @@ from torch import nn
 
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.gae import gae
-from daskrl.algos.networks import DiscreteActorCritic
+from daskrl.algos.networks import DiscreteActorCritic, FlatParameters
+from daskrl.algos.optim import FlatAdam
 from daskrl.algos.ppo import PPOHyper, normalize, policy_loss, ppo_loss, ppo_update, value_loss
+from daskrl.algos.ppo_grads import ppo_grads, supports
 from daskrl.envs import make_vector_env
 
 pytestmark = pytest.mark.timeout(60)
@@ -236,6 +238,85 @@ def test_ppo_update_is_reproducible_with_a_seeded_generator():
         torch.testing.assert_close(outs[0][k], outs[1][k])
 
 
+@pytest.mark.parametrize("use_numpy", [True, False])
+@pytest.mark.parametrize("norm_adv", [True, False])
+@pytest.mark.parametrize("clip_vloss", [True, False])
+def test_hand_written_gradients_equal_autograd(norm_adv, clip_vloss, use_numpy):
+    torch.manual_seed(0)
+    net = DiscreteActorCritic(4, 3, (16, 16))
+    hp = PPOHyper(norm_adv=norm_adv, clip_vloss=clip_vloss, ent_coef=0.05, vf_coef=0.7)
+    assert supports(net) and not supports(Recording())
+    n = 64
+    obs = torch.randn(n, 4)
+    actions = torch.randint(0, 3, (n,))
+    with torch.no_grad():
+        logp_now, _, v_now = net.evaluate(obs, actions)
+    # old log-probs and values: a third equal to now (ratio 1: ties between the clipped and
+    # unclipped terms), a third a little off (inside the clip range), a third far off
+    off = torch.cat([torch.zeros(n // 3), 0.05 * torch.randn(n // 3),
+                     torch.randn(n - 2 * (n // 3))])
+    mb = {"obs": obs, "actions": actions, "logp": logp_now + off, "values": v_now - 2 * off,
+          "advantages": torch.randn(n), "returns": v_now + torch.randn(n)}
+    loss, parts = ppo_loss(net, mb, hp)
+    net.zero_grad()
+    loss.backward()
+    expected = [p.grad.clone() for p in net.parameters()]
+    for p in net.parameters():
+        p.grad = torch.full_like(p, 123.0)  # overwritten, not added to
+    mine = ppo_grads(net, mb, hp, use_numpy=use_numpy)
+    for name, p, g in zip(dict(net.named_parameters()), net.parameters(), expected,
+                          strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6, msg=name)
+    for key, value in parts.items():
+        torch.testing.assert_close(mine[key], value.detach(), msg=key)
+
+
+def test_ppo_update_by_hand_matches_autograd_step_for_step():
+    """Two identical nets, one updated through the hand-written gradients (a plain
+    DiscreteActorCritic), one through autograd (a subclass): the same weights after."""
+
+    class Autograd(DiscreteActorCritic):
+        pass
+
+    batch = batch_of(48)
+    nets = []
+    for cls in (DiscreteActorCritic, Autograd):
+        torch.manual_seed(5)
+        net = cls(4, 2, (16, 16))
+        opt = torch.optim.Adam(net.parameters(), lr=1e-2, eps=1e-5)
+        ppo_update(net, opt, batch, PPOHyper(update_epochs=2, num_minibatches=3),
+                   torch.Generator().manual_seed(3))
+        nets.append(net)
+    assert supports(nets[0]) and not supports(nets[1])
+    for (name, a), b in zip(nets[0].state_dict().items(), nets[1].state_dict().values(),
+                            strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_flat_adam_steps_like_torch_adam_and_resumes_from_its_state():
+    torch.manual_seed(1)
+    ours, ref = DiscreteActorCritic(4, 2, (8, 8)), DiscreteActorCritic(4, 2, (8, 8))
+    ref.load_state_dict(ours.state_dict())
+    flat = FlatParameters(ours)
+    opt = FlatAdam(flat.tensor, lr=1e-2, eps=1e-5)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-5)
+    for step in range(5):
+        grads = [torch.randn_like(p) for p in ref.parameters()]
+        for p, q, g in zip(ours.parameters(), ref.parameters(), grads, strict=True):
+            p.grad.copy_(g)
+            q.grad = g.clone()
+        opt.step()
+        ref_opt.step()
+        if step == 2:  # a resumed optimiser continues exactly
+            state = {k: v for k, v in opt.state_dict().items()}
+            opt = FlatAdam(flat.tensor, lr=1.0)
+            opt.load_state_dict(state)
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+    with pytest.raises(ValueError, match="one state per parameter"):
+        opt.load_state_dict(ref_opt.state_dict())
+
+
 # --------------------------------------------------------------------------- VecEnvActor
 
 
@@ -252,7 +333,7 @@ def replay(env_id, num_envs, seed, batches):
     expected = []
     for batch in batches:
         j, rows, returns, lengths, steps = 0, [], [], [], []
-        for t in range(batch["num_steps"]):
+        for t in range(batch["stats"]["rollout_steps"]):
             valid = ~prev_done  # the step after an episode's end is a reset step
             actions = np.zeros(num_envs, np.int64)
             for i in np.flatnonzero(valid):
@@ -300,7 +381,8 @@ def test_vec_env_actor_drops_reset_steps_and_matches_a_replay(env_id, limit):
     num_envs, seed, gamma, lam = 4, 123, 0.97, 0.9
     actor = VecEnvActor(env_id, num_envs, seed, (16, 16), gamma, lam)
     batches = []
-    for num_steps in (37, 50, 23):  # rollouts continue episodes across their boundaries
+    # rollouts continue episodes across their boundaries; the third reuses the first's buffers
+    for num_steps in (37, 50, 37, 23):
         batch = actor.rollout(num_steps)
         batch["num_steps"] = num_steps
         batches.append(batch)
@@ -309,12 +391,18 @@ def test_vec_env_actor_drops_reset_steps_and_matches_a_replay(env_id, limit):
     for batch, (rows, returns, lengths, steps) in zip(batches, expected, strict=True):
         stats = batch["stats"]
         n = stats["env_steps"]
-        assert len(steps) == batch["num_steps"]
-        # one entry per real transition: reset steps are not in the batch
+        assert len(steps) == stats["rollout_steps"] >= batch["num_steps"]
+        # one entry per real transition: reset steps are not in the batch ...
         assert n == len(rows) == sum(int(s[4].sum()) for s in steps)
+        # ... and the envs stepped on until there were num_steps per env, and no longer
+        target = batch["num_steps"] * num_envs
+        assert n >= target
+        assert (len(steps) == batch["num_steps"]
+                or sum(int(s[4].sum()) for s in steps[:-1]) < target)
+        assert stats["env_s"] > 0 and stats["inference_s"] > 0
         assert all(len(batch[k]) == n for k in ("obs", "actions", "logp", "values",
                                                 "advantages", "returns"))
-        resets += batch["num_steps"] * num_envs - n
+        resets += len(steps) * num_envs - n
         np.testing.assert_array_equal(batch["obs"], np.stack([steps[t][0][i] for t, i in rows]))
         assert stats["episode_lengths"] == lengths and len(lengths) > 0
         assert stats["episode_returns"] == pytest.approx(returns)

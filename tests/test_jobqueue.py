@@ -3,17 +3,18 @@
 The real-Slurm tests need the single-node Slurm that ``.ci/slurm-up.sh`` starts; without it
 (no ``sinfo``, or the daemons are not up) they skip and say why. With a GPU declared on the
 node (``DASKRL_SLURM_GPUS=1 bash .ci/slurm-up.sh``) PPO runs on a CPU job and a GPU job;
-otherwise on two CPU jobs.
-
-Still to come: a MAPPO run (``graphs/mappo.py`` with ``marl/``) through Slurm jobs, like
-``test_ppo_trains_on_slurm_jobs_and_cancels_them`` (same ``slurm_node`` fixture and checks).
+otherwise on two CPU jobs. MAPPO (``graphs/mappo.py`` with ``marl/``) runs the same way through
+the ``daskrl train --cluster slurm`` command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cli import load_graph
+from daskrl.cli import load_graph, main
 from daskrl.distributions import get_distribution
 from daskrl.driver import RunSettings, train
 from daskrl.jobqueue import (
@@ -287,6 +288,51 @@ def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, tmp_path):
         time.sleep(0.5)
     assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
     print(f"slurm PPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
+
+
+def test_mappo_trains_on_slurm_jobs_through_the_cli_and_cancels_them(slurm_node, tmp_path,
+                                                                     capsys):
+    # two rollout replicas and the learner: a CPU job and a GPU job when the node has a GPU,
+    # else two CPU jobs (the learner falls back to a CPU); the node has only 2 cores
+    gpus = min(slurm_node["gpus"], 1)
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    code = main(["train", str(REPO / "graphs" / "mappo.py"), "--cluster", "slurm",
+                 "--cores", "1", "--memory", "1GB", "--walltime", "00:10:00",
+                 "--gpus-per-job", str(gpus), "--cpu-jobs", "1" if gpus else "2",
+                 "--num-actors", "2", "--num-envs", "8",
+                 "--num-steps", "10", "--max-cycles", "10", "--update-epochs", "2",
+                 "--hidden", "16", "--eval-episodes", "4", "--steps", "480",
+                 "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
+    assert found, err
+    ids: dict[str, str] = ast.literal_eval(found.group(1))
+    expected = {"cpu-0", "gpu-0"} if gpus else {"cpu-0", "cpu-1"}
+    assert set(ids) == expected
+    # each worker ran in its batch job: Slurm wrote the job's output under its id
+    for name, job in ids.items():
+        log = (out / "jobs" / f"daskrl-{name.split('-')[0]}-{job}.err").read_text()
+        assert re.search(rf"Worker name:\s+{name}$", log, re.MULTILINE), log[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "mappo" and summary["env_steps"] == 480
+    placed = {role: set(names) for role, names in summary["placement"].items()}
+    assert set().union(*placed.values()) == expected  # both jobs did work
+    if gpus:
+        assert placed["learner"] == {"gpu-0"} and placed["rollout"] == {"cpu-0"}
+    with open(out / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3
+    for team in ("adversary", "good"):  # per-team returns of finished episodes, and losses
+        assert all(row[f"losses/policy_loss/{team}"] for row in rows)
+        assert any(row[f"return_mean/{team}"] for row in rows), rows[-1]
+        assert isinstance(summary[f"eval_return_mean/{team}"], float)
+    deadline = time.monotonic() + 30
+    while queued(ids.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
+    print(f"slurm MAPPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
 
 
 def test_a_job_slurm_cannot_place_times_out_with_its_reason(slurm_node, tmp_path):

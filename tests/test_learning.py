@@ -45,6 +45,7 @@ def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path):
     print(f"seed {SEED}: eval_return_mean={summary['eval_return_mean']:.1f} "
           f"env_steps={summary['env_steps']} first training return >= 475 at {reached} steps, "
           f"wall_s={summary['wall_s']:.0f}")
-    assert summary["env_steps"] <= BUDGET
+    # at least the steps asked for, and at most one iteration (plus auto-reset make-up) more
+    assert BUDGET <= summary["env_steps"] <= 1.01 * BUDGET
     assert summary["eval_return_mean"] >= 475, summary
     assert reached is not None  # training episodes got there too, not only the final policy

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from .actor_critic import ActorCriticLearner, VecEnvActor
 from .networks import DiscreteActorCritic
-from .ppo import PPOHyper
+from .ppo import PPOHyper, clip_grad_norm
 
 
 @dataclass(frozen=True)
@@ -125,14 +124,19 @@ class A2CLearner(ActorCriticLearner):
         lr = self.a2c.learning_rate * ((1.0 - progress) if self.a2c.anneal_lr else 1.0)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        nn.utils.clip_grad_norm_(self.net.parameters(), self.a2c.max_grad_norm)
+        clip_grad_norm([self.flat.tensor.grad], self.a2c.max_grad_norm)
         self.optimizer.step()
+        self._weights = None
         return lr
 
     def apply_gradients(self, grads: list[torch.Tensor], progress: float) -> dict[str, float]:
         """One Adam step with gradients computed by an actor (clipped here)."""
-        for p, g in zip(self.net.parameters(), grads, strict=True):
-            p.grad = g.to(p.device)
+        self.flat.attach()
+        params = list(self.net.parameters())
+        if len(grads) != len(params):
+            raise ValueError(f"got {len(grads)} gradients for {len(params)} parameters")
+        for p, g in zip(params, grads, strict=True):
+            p.grad.copy_(g)  # into the flat gradient the optimiser steps with
         return {"charts/learning_rate": self._step(progress)}
 
     def update(self, batches: list[dict[str, Any]], progress: float,
@@ -140,11 +144,12 @@ class A2CLearner(ActorCriticLearner):
         """Synchronous A2C: one step on the concatenated batches."""
         keys = [k for k in batches[0] if k != "stats"]
         batch = {k: np.concatenate([b[k] for b in batches]) for k in keys}
-        self.optimizer.zero_grad(set_to_none=True)
+        self.flat.attach()
+        self.optimizer.zero_grad(set_to_none=False)
         loss, parts = a2c_loss(self.net, batch, self.a2c)
         loss.backward()
         if grad_hook is not None:
-            grad_hook([p.grad for p in self.net.parameters()])
+            grad_hook([self.flat.tensor.grad])
         parts["charts/learning_rate"] = self._step(progress)
         return parts
 

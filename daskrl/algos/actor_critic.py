@@ -4,13 +4,13 @@ An actor is two halves that distributions may place apart: an :class:`EnvRunner`
 vector env and its episode bookkeeping; role ``env``) and a :class:`RolloutRecorder` (the
 policy copy, the rollout buffers and GAE; role ``inference``). :class:`VecEnvActor` runs
 both in one loop (``actors-learner``, ``single``, ``data-parallel``); ``central-inference``
-steps runners on CPU workers and feeds a recorder on the learner's worker.
+steps runners on CPU workers and feeds a recorder on the learner's worker. The learner,
+:class:`~daskrl.algos.learner.ActorCriticLearner`, is importable from here too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +19,11 @@ import torch
 
 from ..envs import make_vector_env, space_dims
 from .gae import gae
+from .learner import ActorCriticLearner
 from .networks import DiscreteActorCritic
-from .ppo import PPOHyper, ppo_update
+
+__all__ = ["ActorCriticLearner", "EnvRunner", "EnvStep", "RolloutRecorder", "VecEnvActor",
+           "burn_cpu", "evaluate_policy"]
 
 
 def burn_cpu(seconds: float) -> None:
@@ -82,12 +85,16 @@ class EnvRunner:
         self.prev_done = np.zeros(num_envs, dtype=bool)
         self.ep_return = np.zeros(num_envs)
         self.ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.step_s = 0.0
+        """Seconds spent inside the vector env's ``step`` (and the step cost) so far."""
 
     def step(self, actions: np.ndarray) -> EnvStep:
         """Step every env once; the step after an episode ends is a reset step (not valid)."""
+        t0 = time.perf_counter()
         obs, rew, term, trunc, _ = self.env.step(actions)
         if self.step_cost:
             burn_cpu(self.step_cost * self.num_envs)
+        self.step_s += time.perf_counter() - t0
         valid = ~self.prev_done
         done = term | trunc
         self.ep_return += rew * valid
@@ -111,8 +118,9 @@ class EnvRunner:
 class RolloutRecorder:
     """A policy copy that picks actions step by step and turns the steps into a PPO batch.
 
-    Storage is ``(num_steps, num_envs)``; :meth:`finish` applies GAE and keeps only the
-    valid transitions (reset steps dropped), flattened.
+    Storage is ``(num_steps, num_envs)`` (grown when a rollout runs longer); :meth:`finish`
+    applies GAE and keeps only the valid transitions (reset steps dropped), flattened.
+    ``inference_s`` in the stats is the time spent choosing actions and values.
 
     Examples
     --------
@@ -128,10 +136,11 @@ class RolloutRecorder:
     def __init__(self, net: DiscreteActorCritic, seed: int, gamma: float = 0.99,
                  gae_lambda: float = 0.95) -> None:
         self.net = net
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = np.random.default_rng(seed)
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.version = -1
         self.t = 0
+        self.inference_s = 0.0
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights unless this version is already loaded."""
@@ -140,9 +149,15 @@ class RolloutRecorder:
             self.version = version
 
     def begin(self, num_steps: int, obs: np.ndarray) -> None:
-        """Allocate buffers for ``num_steps`` steps of ``len(obs)`` envs."""
+        """Buffers for ``num_steps`` steps of ``len(obs)`` envs (the last rollout's when they
+        fit: :meth:`finish` hands out copies, never the buffers)."""
         n = len(obs)
-        self.t, self.t_start = 0, time.time()
+        self.t, self.t_start, self.inference_s = 0, time.time(), 0.0
+        self.returns_done: list[float] = []
+        self.lengths_done: list[int] = []
+        old = getattr(self, "obs", None)
+        if old is not None and old.shape == (num_steps, n, *obs.shape[1:]):
+            return
         self.obs = np.zeros((num_steps, n, *obs.shape[1:]), dtype=np.float32)
         self.actions = np.zeros((num_steps, n), dtype=np.int64)
         self.logp = np.zeros((num_steps, n), dtype=np.float32)
@@ -151,15 +166,24 @@ class RolloutRecorder:
         self.terminated = np.zeros((num_steps, n), dtype=bool)
         self.done = np.zeros((num_steps, n), dtype=bool)
         self.valid = np.zeros((num_steps, n), dtype=bool)
-        self.returns_done: list[float] = []
-        self.lengths_done: list[int] = []
+
+    def _grow(self) -> None:
+        """Make room for more steps than :meth:`begin` allocated (doubling)."""
+        for name in ("obs", "actions", "logp", "values", "rewards", "terminated", "done",
+                     "valid"):
+            old = getattr(self, name)
+            setattr(self, name, np.concatenate([old, np.zeros_like(old)]))
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Sample actions for step ``t`` (one batched forward pass) and record them."""
+        t0 = time.perf_counter()
         t = self.t
+        if t == len(self.actions):
+            self._grow()
         self.obs[t] = obs
         self.actions[t], self.logp[t], self.values[t] = self.net.act(obs, generator=self.generator)
-        return self.actions[t]
+        self.inference_s += time.perf_counter() - t0
+        return self.actions[t].copy()  # the buffer is reused by the next rollout
 
     def record(self, step: EnvStep) -> None:
         """Record what the envs returned for step ``t`` and advance to ``t + 1``."""
@@ -168,14 +192,17 @@ class RolloutRecorder:
         self.terminated[t] = step.terminated
         self.done[t] = step.done
         self.valid[t] = step.valid
-        self.returns_done.extend(step.episode_returns)
-        self.lengths_done.extend(step.episode_lengths)
+        if step.episode_returns:
+            self.returns_done.extend(step.episode_returns)
+            self.lengths_done.extend(step.episode_lengths)
         self.t = t + 1
 
     def finish(self, last_obs: np.ndarray) -> dict[str, Any]:
         """Bootstrap from ``last_obs``, apply GAE, return the valid transitions and stats."""
         T = self.t
+        t0 = time.perf_counter()
         self.values[T] = self.net.act(last_obs, generator=self.generator)[2]
+        self.inference_s += time.perf_counter() - t0
         adv, ret = gae(self.rewards[:T], self.values[:T], self.values[1 : T + 1],
                        self.terminated[:T], self.done[:T], self.gamma, self.gae_lambda)
         mask = self.valid[:T].reshape(-1)
@@ -190,10 +217,12 @@ class RolloutRecorder:
         }
         batch["stats"] = {
             "env_steps": int(mask.sum()),
+            "rollout_steps": T,
             "episode_returns": self.returns_done,
             "episode_lengths": self.lengths_done,
             "t_start": self.t_start,
             "t_end": time.time(),
+            "inference_s": self.inference_s,
             "policy_version": self.version,
         }
         return batch
@@ -212,7 +241,7 @@ class VecEnvActor:
     --------
     >>> actor = VecEnvActor("CartPole-v1", num_envs=2, seed=0)
     >>> batch = actor.rollout(16)
-    >>> batch["obs"].shape[1], batch["stats"]["env_steps"] <= 32
+    >>> batch["obs"].shape[1], batch["stats"]["env_steps"] >= 32
     (4, True)
     >>> actor.resized(8, seed=1).num_envs
     8
@@ -268,12 +297,28 @@ class VecEnvActor:
         self.recorder.set_weights(weights, version)
 
     def rollout(self, num_steps: int) -> dict[str, Any]:
-        """Collect ``num_steps`` steps of every env; return valid transitions and stats."""
+        """Collect at least ``num_steps * num_envs`` transitions; return them and stats.
+
+        Every env steps ``num_steps`` times, then all envs step again until the valid
+        transitions reach ``num_steps * num_envs``: the auto-reset steps that fell inside
+        the rollout carry no transition, so without the extra steps a run would end short of
+        the env steps it asked for. ``env_steps`` in the stats counts transitions (what the
+        batch holds); ``rollout_steps`` the vector-env steps taken; ``env_s`` and
+        ``inference_s`` the seconds spent in the envs and in the policy.
+        """
         runner, rec = self.runner, self.recorder
-        rec.begin(num_steps, runner.obs)
+        env_s = runner.step_s
+        rec.begin(num_steps + max(2, num_steps // 8), runner.obs)
         for _ in range(num_steps):
             rec.record(runner.step(rec.act(runner.obs)))
-        return rec.finish(runner.obs)
+        missing = num_steps * self.num_envs - int(np.count_nonzero(rec.valid[: rec.t]))
+        while missing > 0:
+            step = runner.step(rec.act(runner.obs))
+            rec.record(step)
+            missing -= int(np.count_nonzero(step.valid))
+        batch = rec.finish(runner.obs)
+        batch["stats"]["env_s"] = runner.step_s - env_s
+        return batch
 
     def close(self) -> None:
         """Close the envs."""
@@ -291,90 +336,6 @@ def _dims(env_id: str) -> tuple[int, int]:
         _DIMS[env_id] = space_dims(probe)
         probe.close()
     return _DIMS[env_id]
-
-
-GradHook = Callable[[list[torch.Tensor]], None]
-
-
-class ActorCriticLearner:
-    """Actor-critic network and Adam optimiser updated by PPO.
-
-    Examples
-    --------
-    >>> learner = ActorCriticLearner(4, 2, seed=0)
-    >>> sorted(learner.weights())[:2]
-    ['actor.0.bias', 'actor.0.weight']
-    >>> learner.gradient_steps()
-    16
-    """
-
-    def __init__(
-        self,
-        obs_dim: int,
-        num_actions: int,
-        seed: int,
-        hidden: tuple[int, ...] = (64, 64),
-        hp: PPOHyper | None = None,
-        device: str = "cpu",
-    ) -> None:
-        torch.manual_seed(seed)
-        self.hp = hp or PPOHyper()
-        self.device = device
-        self.net = DiscreteActorCritic(obs_dim, num_actions, hidden).to(device)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.hp.learning_rate, eps=1e-5)
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def update(self, batches: list[dict[str, Any]], progress: float,
-               grad_hook: GradHook | None = None) -> dict[str, float]:
-        """One PPO update on the concatenated batches (stats are ignored here).
-
-        ``grad_hook`` is called with the parameter gradients after every backward pass
-        (data-parallel averaging replaces them in place).
-        """
-        keys = [k for k in batches[0] if k != "stats"]
-        batch = {k: np.concatenate([b[k] for b in batches]) for k in keys}
-        lr = self.hp.learning_rate * (1.0 - progress) if self.hp.anneal_lr else None
-        metrics = ppo_update(self.net, self.optimizer, batch, self.hp, self.generator, lr=lr,
-                             grad_hook=grad_hook, device=self.device)
-        metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        return metrics
-
-    def gradient_steps(self) -> int:
-        """Backward passes per :meth:`update` (the sync points of data-parallel training).
-
-        Raises
-        ------
-        ValueError
-            With ``target_kl`` set, replicas could stop after different epochs.
-        """
-        if self.hp.target_kl is not None:
-            raise ValueError("data-parallel training needs target_kl=None: replicas would stop "
-                             "after different epochs; unset target_kl")
-        return self.hp.update_epochs * self.hp.num_minibatches
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """CPU copy of the network weights."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.net.state_dict().items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Model, optimiser and shuffling-generator state (CPU)."""
-        optim = self.optimizer.state_dict()
-        optim_cpu = {
-            "param_groups": optim["param_groups"],
-            "state": {i: {k: _cpu(v) for k, v in s.items()} for i, s in optim["state"].items()},
-        }
-        return {"model": self.weights(), "optimizer": optim_cpu,
-                "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`."""
-        self.net.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
-
-
-def _cpu(value: Any) -> Any:
-    return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value
 
 
 def evaluate_policy(

@@ -9,6 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .optim import FlatAdam
+from .ppo_grads import ppo_grads, supports
+
 
 @dataclass(frozen=True)
 class PPOHyper:
@@ -118,9 +121,32 @@ def ppo_loss(
 GradHook = Callable[[list[torch.Tensor]], None]
 
 
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale ``grads`` in place to a global L2 norm of at most ``max_norm``; return the norm.
+
+    The maths of ``torch.nn.utils.clip_grad_norm_`` (norm of the per-tensor norms, factor
+    ``max_norm / (norm + 1e-6)`` capped at 1) without its per-call bookkeeping, which is
+    most of its cost for a small network.
+
+    Examples
+    --------
+    >>> g = [torch.tensor([3.0, 4.0])]
+    >>> float(clip_grad_norm(g, 1.0)), [round(x, 4) for x in g[0].tolist()]
+    (5.0, [0.6, 0.8])
+    """
+    if len(grads) == 1:
+        norm = torch.linalg.vector_norm(grads[0])
+    else:
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+    return norm
+
+
 def ppo_update(
     net: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | FlatAdam,
     batch: dict[str, np.ndarray],
     hp: PPOHyper,
     generator: torch.Generator,
@@ -130,12 +156,18 @@ def ppo_update(
 ) -> dict[str, float]:
     """Run ``update_epochs`` x ``num_minibatches`` clipped-surrogate steps on one batch.
 
+    For a plain :class:`~daskrl.algos.networks.DiscreteActorCritic` the gradients of
+    :func:`ppo_loss` are computed by :func:`~daskrl.algos.ppo_grads.ppo_grads` (the same
+    maths written out, no autograd graph); any other network goes through autograd.
+
     Parameters
     ----------
     net : nn.Module
         Network with ``evaluate(obs, actions) -> (logp, entropy, value)``.
-    optimizer : torch.optim.Optimizer
-        Optimiser over ``net``'s parameters.
+    optimizer : torch.optim.Optimizer or FlatAdam
+        Optimiser over ``net``'s parameters, or over one flat tensor they are views of
+        (:class:`~daskrl.algos.networks.FlatParameters`); its tensors' gradients are what
+        is clipped and handed to ``grad_hook``.
     batch : dict of ndarray
         Flat transitions: ``obs, actions, logp, values, advantages, returns``.
     hp : PPOHyper
@@ -169,25 +201,31 @@ def ppo_update(
         group["lr"] = hp.learning_rate if lr is None else lr
     data = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     n = len(data["obs"])
-    params = [p for p in net.parameters() if p.requires_grad]
+    # the optimiser's tensors: the parameters, or one flat tensor they are views of
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    by_hand = supports(net)  # same gradients as autograd's, without its graph
     names: list[str] = []
     total: torch.Tensor | None = None
     count = 0
+    # exactly num_minibatches near-equal minibatches (views), whatever n is
+    sizes = [len(c) for c in torch.tensor_split(torch.empty(n), min(hp.num_minibatches, n))]
     for _ in range(hp.update_epochs):
         perm = torch.randperm(n, generator=generator).to(device)
         shuffled = {k: v[perm] for k, v in data.items()}
-        # exactly num_minibatches near-equal minibatches (views), whatever n is
-        sizes = [len(c) for c in torch.tensor_split(torch.empty(n), min(hp.num_minibatches, n))]
         start = 0
         for size in sizes:
-            loss, parts = ppo_loss(net, {k: v[start : start + size] for k, v in
-                                         shuffled.items()}, hp)
+            mb = {k: v[start : start + size] for k, v in shuffled.items()}
             start += size
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            optimizer.zero_grad(set_to_none=False)
+            if by_hand:
+                parts = ppo_grads(net, mb, hp)  # type: ignore[arg-type]
+            else:
+                loss, parts = ppo_loss(net, mb, hp)
+                loss.backward()
+            grads = [p.grad for p in params if p.grad is not None]
             if grad_hook is not None:
-                grad_hook([p.grad for p in params])
-            nn.utils.clip_grad_norm_(params, hp.max_grad_norm)
+                grad_hook(grads)
+            clip_grad_norm(grads, hp.max_grad_norm)
             optimizer.step()
             names = list(parts)
             stacked = torch.stack(list(parts.values()))

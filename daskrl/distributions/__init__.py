@@ -1,7 +1,8 @@
 """Distribution policies: how one algorithm's fragments become an iteration graph.
 
 A distribution is picked by name, with options after a colon:
-``actors-learner``, ``central-inference:env_groups=2``, ``data-parallel:allreduce=torch``,
+``actors-learner`` (``actors-learner:stale=1`` overlaps rollouts with the update, one
+update behind), ``central-inference:env_groups=2``, ``data-parallel:allreduce=torch``,
 ``single:iterations_per_task=4``, ``async``.
 """
 

@@ -3,20 +3,31 @@
 Trajectories move actor -> learner once per rollout; weights learner -> actors once per
 iteration, as the learner task's output that the next iteration's rollouts take as input.
 Replicas placed on the same worker are fused into one rollout task that steps all their
-envs with one forward pass per step (``fuse=false`` keeps one task per replica).
+envs with one forward pass per step; on-policy rollouts placed on the learner's worker run
+inside the learner's task, one task per iteration (``fuse=false`` keeps one task per
+replica and role).
+
+``stale=1`` (opt-in; the default stays on-policy) lets the rollouts of iteration ``k + 1``
+run while the learner updates on iteration ``k``'s batch: they take the weights of
+iteration ``k - 1``, one update old (IMPALA-style one-step-stale acting; PPO's ratio is
+then taken against the policy that acted). The learner is placed on another worker than
+the rollouts when there is one, and the embedded cluster starts one more worker for it;
+``policy_lag`` in the metrics is how many updates old the acting weights were.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from dask.delayed import Delayed
 
 from .. import roles
-from ..algorithm import Algorithm
+from ..algorithm import Algorithm, Batch, LearnerOutput
 from ..fragment import Fragment
 from ..graph import Placement, task
-from .base import IterationInputs, to_bool
+from ..roles import TaskContext
+from .base import IterationInputs, to_bool, to_int
 
 
 def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int, ...]]:
@@ -41,43 +52,110 @@ class ActorsLearner:
     Parameters
     ----------
     fuse : bool
-        Run co-located rollout replicas as one batched actor (default True).
+        Run co-located rollout replicas as one batched actor, and on-policy rollouts on the
+        learner's worker inside the learner's task (default True).
+    stale : int
+        0 (default): on-policy, each rollout waits for the previous update. 1: rollouts act
+        with weights one update old, so they overlap the learner's update (see the module
+        notes).
 
     Examples
     --------
-    >>> ActorsLearner(fuse="false").fuse
-    False
+    >>> ActorsLearner(fuse="false").fuse, ActorsLearner(stale="1").stale
+    (False, 1)
     """
 
     name = "actors-learner"
 
-    def __init__(self, fuse: bool | str = True) -> None:
+    def __init__(self, fuse: bool | str = True, stale: int | str = 0) -> None:
         self.fuse = to_bool("fuse", fuse)
+        self.stale = to_int("stale", stale, minimum=0)
+        if self.stale > 1:
+            raise ValueError(f"option stale={stale!r} must be 0 (on-policy) or 1 (rollouts "
+                             "one update behind the learner)")
+        self._last: tuple[str, int, Any] | None = None  # (run, iteration, its learner_in)
+
+    def workers_wanted(self, algo: Algorithm) -> int:
+        """Workers the embedded cluster starts: one per replica, plus the learner's if stale."""
+        return algo.num_actors + self.stale
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
-        """Rollout replicas and one learner."""
+        """Rollout replicas and one learner (apart from the rollouts when stale)."""
+        apart = ("rollout",) if self.stale else ()
         return [
             Fragment(roles.rollout, "rollout", algo.resources_for("rollout"), algo.num_actors),
-            Fragment(roles.learn, "learner", algo.resources_for("learner")),
+            Fragment(learn, "learner", algo.resources_for("learner"), apart_from=apart),
         ]
+
+    def acting_weights(self, inputs: IterationInputs) -> Any:
+        """The learner output the rollouts of ``inputs.iteration`` act with.
+
+        On-policy, ``inputs.learner_in``. With ``stale=1``, the previous iteration's input
+        (one update older) when that iteration was the last one built in this run; else
+        (the first iteration, a resubmission after a lost worker) ``inputs.learner_in``.
+        Call once per iteration, in order.
+        """
+        if not self.stale:
+            return inputs.learner_in
+        last, self._last = self._last, (inputs.run, inputs.iteration, inputs.learner_in)
+        if last is not None and last[:2] == (inputs.run, inputs.iteration - 1):
+            return last[2]
+        return inputs.learner_in
 
     def batches(self, inputs: IterationInputs) -> list[Delayed]:
         """One rollout task per replica, or per worker when fused."""
         algo, place, k = inputs.algo, inputs.placement, inputs.iteration
-        groups = (colocated(place, "rollout", algo.num_actors) if self.fuse
+        acting = self.acting_weights(inputs)
+        fuse = self.fuse and not inputs.deterministic  # fused envs would depend on placement
+        groups = (colocated(place, "rollout", algo.num_actors) if fuse
                   else [(r,) for r in range(algo.num_actors)])
         return [
-            task(roles.rollout, inputs.context("rollout", g[0]), algo, inputs.learner_in,
-                 algo.num_steps, g if len(g) > 1 else (), role="rollout", replica=g[0],
+            task(roles.rollout, inputs.context("rollout", g[0]), algo, acting, algo.num_steps,
+                 g if len(g) > 1 else (), role="rollout", replica=g[0],
                  iteration=k, run=inputs.run, resources=place.resources["rollout"],
                  worker=place.worker("rollout", g[0]))
             for g in groups
         ]
 
     def iteration(self, inputs: IterationInputs) -> Delayed:
-        """Rollout tasks feeding one learner task."""
-        place = inputs.placement
-        return task(roles.learn, inputs.context("learner", 0), inputs.algo, inputs.learner_in,
-                    *self.batches(inputs), role="learner", replica=0, iteration=inputs.iteration,
+        """Rollout tasks feeding one learner task.
+
+        On-policy with every rollout replica on the learner's worker (one worker, or a
+        worker per replica when ``--workers`` is 1), the rollouts run inside the learner
+        task: the same calls, one Dask task (and scheduler round trip) per iteration
+        instead of two.
+        """
+        algo, place, k = inputs.algo, inputs.placement, inputs.iteration
+        learner_worker = place.worker("learner", 0)
+        local = learner_worker is not None and all(
+            place.worker("rollout", r) == learner_worker for r in range(algo.num_actors))
+        if local and self.fuse and not self.stale and not inputs.deterministic:
+            replicas = tuple(range(algo.num_actors))
+            return task(rollout_and_learn, inputs.context("learner", 0), algo,
+                        inputs.learner_in, inputs.context("rollout", 0),
+                        replicas if len(replicas) > 1 else (), role="learner", replica=0,
+                        iteration=k, run=inputs.run, resources=place.resources["learner"],
+                        worker=learner_worker)
+        return task(learn, inputs.context("learner", 0), algo, inputs.learner_in,
+                    *self.batches(inputs), role="learner", replica=0, iteration=k,
                     run=inputs.run, resources=place.resources["learner"],
-                    worker=place.worker("learner", 0))
+                    worker=learner_worker)
+
+
+def rollout_and_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
+                      rollout_ctx: TaskContext, replicas: tuple[int, ...]) -> LearnerOutput:
+    """Roles ``rollout`` and ``learner`` in one task on the learner's worker (on-policy):
+    :func:`daskrl.roles.rollout` (all replicas fused), then :func:`learn`."""
+    batch = roles.rollout(rollout_ctx, algo, learner_in, algo.num_steps, replicas)
+    return learn(ctx, algo, learner_in, batch)
+
+
+def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches: Batch
+          ) -> LearnerOutput:
+    """Role ``learner``: :func:`daskrl.roles.learn`, plus ``policy_lag`` (updates between
+    the weights the batches were collected with and the ones updated now; 0 on-policy)."""
+    out = roles.learn(ctx, algo, learner_in, *batches)
+    versions = [b["stats"].get("policy_version") for b in batches]
+    if all(isinstance(v, int) and v >= 0 for v in versions):
+        out.metrics["policy_lag"] = learner_in.version - min(versions)
+    return out

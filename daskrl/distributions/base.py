@@ -10,6 +10,7 @@ import dask
 from dask.delayed import Delayed, delayed
 
 from ..algorithm import Algorithm
+from ..failures import Call
 from ..fragment import Fragment
 from ..graph import Placement
 from ..resources import Resources
@@ -27,11 +28,16 @@ class IterationInputs:
     iteration: int
     num_iterations: int
     learner_in: Any  # LearnerOutput, or a Future/Delayed of one
+    deterministic: bool = False
+    """Bit-identical runs whatever the workers: no fusion, actors rebuilt from their state."""
+    env_retries: int = 0
+    """Times a rollout whose env raised is retried on rebuilt envs before the error stands."""
 
     def context(self, role: str, replica: int) -> TaskContext:
         """The task context of one replica of ``role`` in this iteration."""
         gpu = self.placement.resources[role].gpu if role in self.placement.resources else 0
-        return TaskContext(self.run, self.seed, replica, self.iteration, self.num_iterations, gpu)
+        return TaskContext(self.run, self.seed, replica, self.iteration, self.num_iterations, gpu,
+                           self.deterministic, self.env_retries)
 
 
 class Distribution(Protocol):
@@ -99,7 +105,7 @@ def pinned(fn: Callable[..., Any], *args: Any, key: str, resources: Resources,
     if worker is not None:
         annotations.update(workers=[worker], allow_other_workers=not strict)
     with dask.annotate(**annotations):
-        return delayed(fn, pure=False)(*args, dask_key_name=key)
+        return delayed(Call(fn, key), pure=False)(*args, dask_key_name=key)
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

@@ -171,7 +171,8 @@ class CentralInference:
     def batches(self, inputs: IterationInputs) -> list[Delayed]:
         """One delayed batch per env group (the last inference task of its chain)."""
         algo, place, k, run = inputs.algo, inputs.placement, inputs.iteration, inputs.run
-        workers = colocated(place, "env", algo.num_actors)
+        workers = ([(r,) for r in range(algo.num_actors)] if inputs.deterministic
+                   else colocated(place, "env", algo.num_actors))  # units then follow replicas
         sizes = [group_sizes(len(reps) * algo.num_envs, self.groups) for reps in workers]
         env_res, inf_res = place.resources["env"], place.resources["inference"]
         inf_worker = place.worker("inference", 0)

@@ -36,7 +36,14 @@ from ..algorithm import Algorithm, Batch, LearnerOutput, require
 from ..fragment import Fragment
 from ..graph import task
 from ..resources import Resources
-from ..roles import TaskContext, merge_stats, resident_actor, resident_learner
+from ..roles import (
+    TaskContext,
+    keep_snapshot,
+    merge_stats,
+    resident_actor,
+    resident_learner,
+    snapshots,
+)
 from ..state import worker_name
 from .base import IterationInputs, pinned, step_key
 
@@ -137,10 +144,11 @@ def _start(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
     holder, built = resident_learner(ctx, algo, learner_in, role="replica")
     learner = holder["learner"]
     require(learner, "update", "data-parallel", "use a learner whose update takes grad_hook=")
-    actor, actor_built = resident_actor(ctx, algo)
+    actor, actor_built = resident_actor(ctx, algo, saved=learner_in.actors)
     actor.set_weights(learner_in.weights, learner_in.version)
     batch = actor.rollout(algo.num_steps)
     batch["stats"].update(worker=worker_name(), built=actor_built, replica=ctx.replica)
+    keep_snapshot(ctx, actor, "rollout", ctx.replica, batch["stats"])
     holder.update(stats=batch["stats"], built=built)
     return holder, learner, batch
 
@@ -220,7 +228,8 @@ def gather(ctx: TaskContext, learner_in: LearnerOutput, *outs: dict[str, Any]) -
                    learner_worker=";".join(o["worker"] for o in outs),
                    learner_built=any(o["built"] for o in outs),
                    learn_t_start=max(o["stats"]["t_end"] for o in outs), learn_t_end=time.time())
-    return LearnerOutput(learner_in.version + 1, outs[0]["state"], outs[0]["weights"], metrics)
+    return LearnerOutput(learner_in.version + 1, outs[0]["state"], outs[0]["weights"], metrics,
+                         snapshots([o["stats"] for o in outs]))
 
 
 def tree_mean(grads: list[Delayed], key: Any, fan_in: int = 4) -> Delayed:

@@ -17,7 +17,14 @@ from dask.delayed import Delayed
 from ..algorithm import Algorithm, LearnerOutput
 from ..fragment import Fragment
 from ..graph import task
-from ..roles import TaskContext, merge_stats, resident_actor, resident_learner
+from ..roles import (
+    TaskContext,
+    keep_snapshot,
+    merge_stats,
+    resident_actor,
+    resident_learner,
+    snapshots,
+)
 from ..state import worker_name
 from .base import IterationInputs, to_int
 
@@ -45,7 +52,9 @@ def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutpu
     t0 = time.time()
     if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    actor, actor_built = resident_actor(ctx, algo, tuple(range(algo.num_actors)), role="single")
+    replicas = tuple(range(algo.num_actors))
+    actor, actor_built = resident_actor(ctx, algo, replicas, role="single",
+                                        saved=learner_in.actors)
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
     weights, stats, metrics = learner_in.weights, [], {}
@@ -63,13 +72,15 @@ def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutpu
     holder["version"] = learner_in.version + 1
     for s in stats:
         s.update(worker=worker_name(), built=actor_built, replica="all")
+    keep_snapshot(ctx, actor, "single", replicas if len(replicas) > 1 else 0, stats[-1])
     metrics.update(merge_stats(stats))
     end = time.time()
     extra: dict[str, Any] = {"rounds": rounds, "rollout_s": rollout_s, "rollout_t_start": t0,
                              "learner_worker": worker_name(), "learner_built": built,
                              "learn_t_start": end - learn_s, "learn_t_end": end}
     metrics.update(extra)
-    return LearnerOutput(learner_in.version + 1, learner.state_dict(), weights, metrics)
+    return LearnerOutput(learner_in.version + 1, learner.state_dict(), weights, metrics,
+                         snapshots(stats))
 
 
 class Single:

@@ -1,0 +1,114 @@
+"""actors-learner: the on-policy fused iteration and the opt-in one-step-stale mode."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from dask.delayed import Delayed, delayed
+from distributed import Client
+
+from daskrl.backend import DaskBackend, SyncBackend
+from daskrl.cli import load_graph
+from daskrl.cluster import local_cluster
+from daskrl.distributions import IterationInputs, get_distribution
+from daskrl.driver import RunSettings, place, train
+
+ROOT = Path(__file__).resolve().parents[1]
+PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def ppo(**overrides):
+    settings = {"num_envs": 4, "num_steps": 32, "num_actors": 1, "update_epochs": 2,
+                "num_minibatches": 2, **overrides}
+    return PPO.build(PPO.Config(**settings))
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = local_cluster([{"CPU": 1}, {"CPU": 1}])
+    with Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+def rows_of(out: Path) -> list[dict[str, str]]:
+    with open(out / "metrics.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def graphs(dist, algo, placement, iterations: int) -> list[Delayed]:
+    """The iteration graphs of a run, each taking the previous one's output (lazily)."""
+    learner_in: object = delayed(lambda: None)(dask_key_name="start")
+    out = []
+    for k in range(iterations):
+        graph = dist.iteration(IterationInputs(algo, placement, "run", 1, k, iterations,
+                                               learner_in))
+        out.append(graph)
+        learner_in = graph
+    return out
+
+
+def dependencies(graph: Delayed, key_prefix: str) -> set[str]:
+    """Keys the task whose key starts with ``key_prefix`` depends on."""
+    deps = graph.dask.get_all_dependencies()
+    (key,) = [k for k in deps if str(k).startswith(key_prefix)]
+    return {str(d) for d in deps[key]}
+
+
+def test_stale_option_is_checked():
+    assert get_distribution("actors-learner:stale=1").stale == 1
+    with pytest.raises(ValueError, match="stale"):
+        get_distribution("actors-learner:stale=2")
+
+
+def test_stale_rollouts_take_the_weights_from_two_learner_tasks_back(client):
+    algo = ppo()
+    dist = get_distribution("actors-learner:stale=1")
+    placement = place(DaskBackend(client), algo, dist)
+    assert placement.workers["rollout"] != placement.workers["learner"]  # apart: they overlap
+    its = graphs(dist, algo, placement, 3)
+    # iteration 0 acts with the initial weights; iteration 2 with iteration 0's output,
+    # so it does not wait for iteration 1's learner
+    assert dependencies(its[0], "rollout-0-it0") == {"start"}
+    assert dependencies(its[2], "rollout-0-it2") == {"learner-0-it0-run"}
+    assert dependencies(its[2], "learner-0-it2") == {"learner-0-it1-run", "rollout-0-it2-run"}
+
+
+def test_on_policy_rollouts_take_the_latest_weights(client):
+    algo = ppo()
+    fused, unfused = (get_distribution(d) for d in ("actors-learner", "actors-learner:fuse=0"))
+    placement = place(DaskBackend(client), algo, fused)
+    assert placement.workers["rollout"] == placement.workers["learner"]
+    # co-located and on-policy: the rollout runs inside the learner task, one task per
+    # iteration, which takes the previous iteration's output
+    its = graphs(fused, algo, placement, 2)
+    assert set(map(str, its[1].dask)) == {"learner-0-it1-run"} | set(map(str, its[0].dask))
+    assert dependencies(its[1], "learner-0-it1") == {"learner-0-it0-run"}
+    its = graphs(unfused, algo, placement, 2)
+    assert dependencies(its[1], "rollout-0-it1") == {"learner-0-it0-run"}
+
+
+def test_stale_run_trains_with_a_lag_of_one_update(client, tmp_path):
+    algo = ppo()
+    settings = RunSettings(out=tmp_path, steps=4 * algo.steps_per_iteration, eval=False,
+                           progress=False, tensorboard=False)
+    summary = train(client, algo, get_distribution("actors-learner:stale=1"), settings)
+    rows = rows_of(tmp_path)
+    assert [int(r["policy_lag"]) for r in rows] == [0, 1, 1, 1]
+    assert summary["placement"]["rollout"] != summary["placement"]["learner"]
+    assert summary["env_steps"] >= 4 * algo.steps_per_iteration
+
+
+def test_on_policy_run_in_one_process_has_no_lag(tmp_path):
+    algo = ppo(num_actors=2)
+    settings = RunSettings(out=tmp_path, steps=3 * algo.steps_per_iteration, eval=False,
+                           progress=False, tensorboard=False)
+    summary = train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
+    rows = rows_of(tmp_path)
+    assert [int(r["policy_lag"]) for r in rows] == [0, 0, 0]
+    assert all(float(r["rollout_s"]) > 0 and float(r["env_s"]) > 0 for r in rows)
+    assert summary["env_steps"] >= 3 * algo.steps_per_iteration

@@ -1,0 +1,99 @@
+"""The profiler: iteration time split from Dask's task stream, with parts that add up."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from daskrl.cli import load_graph
+from daskrl.cluster import local_cluster
+from daskrl.distributions import get_distribution
+from daskrl.driver import RunSettings, train
+from daskrl.plot import read_metrics
+from daskrl.profile import PARTS, breakdown, split, sweep
+from daskrl.roles import merge_stats
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rec(key: str, *spans: tuple[str, float, float]) -> dict:
+    return {"key": key, "startstops": [{"action": a, "start": s, "stop": e} for a, s, e in spans]}
+
+
+def test_sweep_shares_overlaps_and_counts_transfer_only_while_idle() -> None:
+    records = [
+        _rec("rollout-0-it1-r", ("transfer", 0.0, 2.0), ("compute", 2.0, 6.0)),
+        _rec("rollout-1-it1-r", ("compute", 1.0, 5.0)),  # overlaps the other rollout
+        _rec("learner-0-it1-r", ("transfer", 6.0, 7.0), ("compute", 7.0, 9.0)),
+        _rec("inference-0-it1-r", ("compute", 8.0, 9.0)),  # shares time with the learner
+        _rec("learner-0-it0-r", ("compute", -5.0, -1.0)),  # outside the window
+    ]
+    roles, transfer, idle = sweep(records, 0.0, 10.0)
+    assert roles == pytest.approx({"rollout": 5.0, "learner": 1.5, "inference": 0.5})
+    assert (transfer, idle) == pytest.approx((2.0, 1.0))  # 0-1 and 6-7 moving; 9-10 idle
+    parts = split(roles, transfer, idle, {"rollout_s": 4.0, "env_s": 3.0, "inference_s": 0.5})
+    assert sum(parts.values()) == pytest.approx(10.0)
+    assert parts["time/env_s"] == pytest.approx(5.0 * 3 / 4)
+    assert parts["time/inference_s"] == pytest.approx(0.5 + 5.0 * 0.5 / 4)
+
+
+def test_fused_rollouts_are_carved_out_of_the_learner_task() -> None:
+    # single:iterations_per_task=2: rollout_s sums both rounds, env_s is one round's (max)
+    parts = split({"learner": 1.0}, 0.0, 0.1, {"rollout_s": 0.6, "env_s": 0.2, "rounds": 2,
+                                               "inference_s": 0.05})
+    assert parts["time/learn_s"] == pytest.approx(0.4)
+    assert parts["time/env_s"] == pytest.approx(0.6 * 0.2 / 0.3)
+    assert parts["time/inference_s"] == pytest.approx(0.6 * 0.05 / 0.3)
+    assert sum(parts.values()) == pytest.approx(1.1)
+
+
+def test_merge_stats_carries_env_and_inference_time_as_max_over_replicas() -> None:
+    def stats(t_end: float, env_s: float, inference_s: float) -> dict:
+        return {"episode_returns": [], "episode_lengths": [], "env_steps": 8, "t_start": 0.0,
+                "t_end": t_end, "replica": 0, "worker": "w0", "built": False, "env_s": env_s,
+                "inference_s": inference_s}
+
+    merged = merge_stats([stats(2.0, 1.5, 0.2), stats(1.0, 0.5, 0.4)])
+    assert (merged["rollout_s"], merged["env_s"], merged["inference_s"]) == (2.0, 1.5, 0.4)
+    untimed = {k: v for k, v in stats(1.0, 0, 0).items() if k not in ("env_s", "inference_s")}
+    assert "env_s" not in merge_stats([untimed])  # an actor that does not time its parts
+
+
+def test_parts_add_up_to_the_iteration_wall_time_on_a_real_run(tmp_path: Path) -> None:
+    ppo = load_graph(str(ROOT / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config(num_actors=2, num_envs=4, num_steps=64))
+    with local_cluster([{"CPU": 1}, {"CPU": 1}]) as cluster, Client(cluster) as client:
+        train(client, algo, get_distribution("actors-learner"),
+              RunSettings(out=tmp_path, steps=8 * algo.steps_per_iteration, progress=False,
+                          eval=False, tensorboard=False))
+    data = read_metrics(tmp_path)
+    assert all(col in data for col in PARTS.values())
+    # two workers: the second rollout's batch moves to the learner's worker every iteration
+    assert max(data["time/transfer_s"]) > 0
+    parts = breakdown(tmp_path)
+    total = parts.pop("iteration")  # the driver's iteration_s, from the learner's own clock
+    assert set(parts) == set(PARTS)
+    assert all(v >= 0 for v in parts.values())
+    assert abs(sum(parts.values()) - total) <= 0.05 * total, (parts, total)
+    learn_own = [v for v in data["learn_s"][1:] if not math.isnan(v)]
+    assert parts["learning"] == pytest.approx(sum(learn_own) / len(learn_own), rel=0.25)
+
+
+def test_an_expensive_env_is_named_env_bound(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "daskrl.cli", "train", str(ROOT / "graphs" / "ppo.py"),
+           "--steps", "768", "--num-envs", "4", "--num-steps", "32", "--workers", "1",
+           "--env-step-cost", "0.002", "--out", str(out), "--no-progress", "--no-eval"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "daskrl.cli", "profile", str(out)],
+                          check=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "bottleneck: env-bound" in done.stdout, done.stdout
+    assert "--num-actors" in done.stdout
+    parts = breakdown(out)
+    parts.pop("iteration")
+    assert max(parts, key=lambda k: parts[k]) == "env stepping", parts
