@@ -229,7 +229,8 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
                 cluster = local_cluster(default_worker_resources(workers), security=args.tls)
                 client = Client(cluster)
             backend = DaskBackend(client)
-            print(f"dashboard: {client.dashboard_link}", file=sys.stderr)
+            print(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}",
+                  file=sys.stderr)
         try:
             if args.report is not None and client is not None:
                 from distributed import performance_report

@@ -106,6 +106,9 @@ def tls_security(ca_file: str, cert: str, key: str | None = None) -> Security:
 def connect(address: str, timeout: float = 10.0, security: Security | None = None) -> Client:
     """A client of the scheduler at ``address``; raises ``ConnectionError`` naming it."""
     configure_dask()
+    if address.startswith("tls://") and security is None:
+        raise ConnectionError(f"the scheduler at {address!r} requires TLS: pass --tls with "
+                              "--tls-ca-file, --tls-cert and --tls-key")
     try:
         return Client(address, timeout=timeout, security=security)
     except (OSError, TimeoutError) as exc:
