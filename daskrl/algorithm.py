@@ -175,7 +175,9 @@ class Algorithm:
 
     @property
     def steps_per_iteration(self) -> int:
-        """Env steps of all actors in one iteration."""
+        """Env steps of all actors in one iteration, which the driver sizes a run by
+        (:class:`~daskrl.algos.actor_critic.VecEnvActor` collects at least this many valid
+        transitions; steps that only reset an env do not count)."""
         return self.num_steps * self.num_envs * self.num_actors
 
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
