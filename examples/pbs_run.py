@@ -20,7 +20,8 @@ from daskrl.jobqueue import describe, job_scripts, load_spec, size_pools, start_
 if __name__ == "__main__":
     here = Path(__file__).parent
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=here / "cluster.yaml")
+    parser.add_argument("config", nargs="?", default=here / "cluster.yaml",
+                        help="job settings (default: examples/cluster.yaml)")
     parser.add_argument("--queue", default=None, help="PBS queue (-q)")
     parser.add_argument("--walltime", default=None, help="HH:MM:SS")
     parser.add_argument("--print-scripts", action="store_true", help="show the job scripts")

@@ -9,7 +9,7 @@ The CLI does the same: ``daskrl train graphs/ppo.py --cluster slurm --cluster-co
 examples/cluster.yaml``. Jobs are cancelled when training ends, also on Ctrl-C.
 """
 
-import sys
+import argparse
 from pathlib import Path
 
 from daskrl.cli import load_graph
@@ -19,17 +19,24 @@ from daskrl.jobqueue import describe, job_scripts, load_spec, size_pools, start_
 
 if __name__ == "__main__":
     here = Path(__file__).parent
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    spec = load_spec(args[0] if args else here / "cluster.yaml", {"kind": "slurm"})
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?", default=here / "cluster.yaml",
+                        help="job settings (default: examples/cluster.yaml)")
+    parser.add_argument("--queue", default=None, help="Slurm partition")
+    parser.add_argument("--walltime", default=None, help="HH:MM:SS")
+    parser.add_argument("--print-scripts", action="store_true", help="show the job scripts")
+    args = parser.parse_args()
+    spec = load_spec(args.config, {"kind": "slurm", "queue": args.queue,
+                                   "walltime": args.walltime})
     ppo = load_graph(str(here.parent / "graphs" / "ppo.py"))
     algo = ppo.build(ppo.Config(num_actors=2, num_envs=8, num_steps=128))
     distribution = get_distribution("actors-learner")
     spec = size_pools(spec, algo, distribution)
     print(describe(spec))
-    if "--print-scripts" in sys.argv:
+    if args.print_scripts:
         for pool, script in job_scripts(spec).items():
             print(f"--- {pool} job ---\n{script}")
-        sys.exit(0)
+        raise SystemExit(0)
     out = Path("runs/example-slurm")
     cluster, client = start_pools(spec, log_directory=out / "jobs")
     try:
