@@ -175,16 +175,12 @@ def train(
                 base = k  # the chain is drained: restart it from the driver's copy
             if (it + 1) % settings.checkpoint_every == 0:
                 _checkpoint(settings, last_done, recorder.counters)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # Ctrl-C, SIGTERM or an error: keep the last good iteration
         for _, fut in pending:
             fut.release()
         _checkpoint(settings, last_done, recorder.counters)
-        raise
-    except Exception as exc:
-        for _, fut in pending:
-            fut.release()
-        _checkpoint(settings, last_done, recorder.counters)  # the last good iteration
-        _raise_saved(exc, out)
+        if isinstance(exc, Exception):
+            _raise_saved(exc, out)
         raise
     finally:
         recorder.close()

@@ -155,20 +155,21 @@ def with_env_retries(ctx: TaskContext, key: Any, collect: Callable[[], T]) -> tu
     >>> with_env_retries(ctx, ("r", "rollout", 0), flaky)
     ('batch', 1)
     """
-    for attempt in range(ctx.env_retries + 1):
+    attempt = 0
+    while True:
         try:
             return collect(), attempt
         except Exception as exc:
-            if attempt == ctx.env_retries:
+            if attempt >= ctx.env_retries:
                 raise
+            attempt += 1
             drop_key(key)
             if ctx.deterministic:
                 drop_key((*key, "at"))
             who = "+".join(map(str, key[2])) if isinstance(key[2], tuple) else key[2]
             print(f"daskrl: {key[1]} {who} on {worker_name()}: {type(exc).__name__}: {exc}; "
-                  f"rebuilding its envs (retry {attempt + 1} of {ctx.env_retries})",
+                  f"rebuilding its envs (retry {attempt} of {ctx.env_retries})",
                   file=sys.stderr)
-    raise AssertionError("unreachable")
 
 
 

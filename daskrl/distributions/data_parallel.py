@@ -22,7 +22,6 @@ Averaging (``allreduce=``):
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 import time
@@ -33,6 +32,7 @@ import torch
 from dask.delayed import Delayed
 
 from ..algorithm import Algorithm, Batch, LearnerOutput, require
+from ..checkpoint import weights_sha256
 from ..fragment import Fragment
 from ..graph import task
 from ..resources import Resources
@@ -124,18 +124,14 @@ def unflatten_into(flat: torch.Tensor, grads: list[torch.Tensor]) -> None:
 
 
 def digest(weights: dict[str, torch.Tensor]) -> str:
-    """A short hash of the weights' bytes (equal iff bit-identical).
+    """A short :func:`~daskrl.checkpoint.weights_sha256` (equal iff bit-identical).
 
     Examples
     --------
     >>> digest({"w": torch.zeros(2)}) == digest({"w": torch.zeros(2)})
     True
     """
-    h = hashlib.sha1()
-    for k in sorted(weights):
-        h.update(k.encode())
-        h.update(weights[k].detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return weights_sha256(weights)[:16]
 
 
 def _start(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
