@@ -35,7 +35,7 @@ from distributed import Client
 from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface
 
-from .cluster import configure_dask
+from .cluster import WORKER_MALLOC, configure_dask
 from .jobqueue_spec import (
     KINDS,
     JobQueueSpec,
@@ -164,7 +164,8 @@ def pool_job_options(spec: JobQueueSpec, pool: str) -> dict[str, Any]:
         "cores": cores, "memory": memory, "processes": processes,
         "walltime": spec.walltime, "queue": (spec.gpu_queue or spec.queue) if gpu else spec.queue,
         "job_name": f"{spec.name}-{pool}", "python": spec.python,
-        "log_directory": spec.log_directory, "job_script_prologue": list(spec.prologue),
+        "log_directory": spec.log_directory, "job_script_prologue": [
+            *(f"export {k}={v}" for k, v in WORKER_MALLOC.items()), *spec.prologue],
         "worker_extra_args": ["--resources", resources], "job_extra_directives": extra,
     }
     if spec.kind == "slurm":

@@ -229,3 +229,14 @@ def test_pin_never_relaxes_resources():
     finally:
         client.close()
         cluster.close()
+
+
+def test_embedded_workers_keep_freed_memory_for_reuse(cluster_gpu_client):
+    """Worker processes start with daskrl's allocator settings, not the nanny's 64 KiB trim
+    (which made every large array a fresh mmap and slowed the update by a quarter)."""
+    import os
+
+    from daskrl.cluster import WORKER_MALLOC
+
+    env = cluster_gpu_client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC})
+    assert list(env.values()) == [{k: str(v) for k, v in WORKER_MALLOC.items()}] * 2

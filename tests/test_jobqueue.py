@@ -25,6 +25,7 @@ import pytest
 from distributed import Client
 
 from daskrl.cli import load_graph, main
+from daskrl.cluster import WORKER_MALLOC
 from daskrl.distributions import get_distribution
 from daskrl.driver import RunSettings, train
 from daskrl.jobqueue import (
@@ -167,6 +168,8 @@ def test_local_pools_advertise_resources_and_stop_their_processes(tmp_path):
             "cpu-0": {"CPU": 1}, "gpu-0": {"CPU": 1, "GPU": 1}}
         where = client.submit(os.getpid, resources={"GPU": 1}, pure=False)
         assert where.result(timeout=30) != os.getpid()
+        env = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert set(env.values()) == {str(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"])}
         pids = [int(p) for p in cluster.job_ids().values()]
     finally:
         client.close()
