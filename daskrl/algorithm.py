@@ -58,6 +58,66 @@ class LearnerOutput:
     actors: dict[str, bytes] = field(default_factory=dict)
     """Deterministic mode: each actor's pickled state after this iteration's rollout, so a
     rebuilt actor (a lost worker, a resume) continues exactly where it left off."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """Metrics of the earlier iterations a multi-iteration task ran before this one, oldest
+    first (empty for a task of one iteration; see ``Distribution.iterations_per_task``)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # CPU tensors travel as numpy arrays: pickle hands their memory to Dask's comms as
+        # it is, where a tensor pickles through ``torch.save`` per storage. The result of
+        # every iteration is fetched from the worker's event loop while the next iteration
+        # computes, so the cheaper this is, the less it takes from the next iteration.
+        memo: dict[int, Any] = {}  # ``state["model"]`` is usually ``weights``: pack it once
+        return {k: _pack(v, memo) for k, v in self.__dict__.items()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({k: _unpack(v) for k, v in state.items()})
+
+
+class _PackedTensor:
+    """A CPU tensor carried as a numpy array by :class:`LearnerOutput`'s pickling."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __getstate__(self) -> Any:
+        return self.array
+
+    def __setstate__(self, array: Any) -> None:
+        self.array = array
+
+
+def _pack(value: Any, memo: dict[int, Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        if (value.device.type == "cpu" and value.layout == torch.strided
+                and not value.requires_grad and value.dtype in _NUMPY_DTYPES):
+            return _PackedTensor(value.numpy())
+        return value
+    if type(value) in (dict, list, tuple):  # subclasses pickle as they are
+        if id(value) not in memo:
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            packed = {k: _pack(v, memo) for k, v in items}
+            memo[id(value)] = packed if isinstance(value, dict) else type(value)(
+                packed.values())
+        return memo[id(value)]
+    return value
+
+
+def _unpack(value: Any) -> Any:
+    if isinstance(value, _PackedTensor):
+        array = value.array
+        return torch.from_numpy(array if array.flags.writeable else array.copy())
+    if type(value) is dict:
+        return {k: _unpack(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_unpack(v) for v in value)
+    return value
+
+
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
 class ResizableActor(Actor, Protocol):

@@ -21,6 +21,7 @@ from .algorithm import Algorithm, LearnerOutput
 from .backend import Backend, DaskBackend, Handle
 from .checkpoint import list_checkpoints, load_latest, save_checkpoint, weights_sha256
 from .distributions import Distribution, IterationInputs, steps_per_iteration
+from .distributions.base import iterations_per_task
 from .failures import FragmentError, failure, save_failure
 from .fragment import Fragment
 from .graph import Placement, plan_placement, task
@@ -46,6 +47,10 @@ class RunSettings:
     chain: int = 64
     """Iterations chained on futures before the chain restarts from the driver's copy of
     the last result (bounds the lineage Dask keeps; each restart drains the pipeline)."""
+    task_s: float = 0.2
+    """Seconds of work per task the driver aims for when the distribution can run several
+    iterations in one task (``iterations_per_task``): short iterations are grouped so that
+    Dask's per-task cost is paid once per group. 0 keeps one iteration per task."""
     max_recoveries: int = 3
     replan_timeout: float = 30.0
     tensorboard: bool = True
@@ -121,26 +126,30 @@ def train(
     runs: list[str] = []  # ids of attempts lost with a worker; their state is dropped at the end
     depth = max(1, settings.lookahead)
     recorder = _Recorder(settings, num_iterations, start_iter, counters, Timeline(backend, run))
-    pending: deque[tuple[int, Handle]] = deque()
+    pending: deque[tuple[int, int, Handle]] = deque()  # (first iteration, count, handle)
     learner_in: Any = None
     k = base = start_iter
     recoveries = 0
+    cap = _task_cap(distribution, algo, placement, settings)
+    count = 1  # iterations per task: grows to about settings.task_s of work once timed
     try:
         while k < num_iterations or pending:
             while k < num_iterations and len(pending) < depth and (
                     k - base < max(depth, settings.chain) or k == base):
                 if k == base:  # restart the chain from data: no lineage behind it
                     learner_in = backend.scatter(last_done, placement.worker("learner", 0))
+                n = min(count, num_iterations - k)
                 inputs = IterationInputs(algo, placement, run, settings.seed, k, num_iterations,
-                                         learner_in, settings.deterministic, settings.env_retries)
+                                         learner_in, settings.deterministic, settings.env_retries,
+                                         n)
                 graph = distribution.iteration(inputs)
                 handle = backend.submit(graph)
                 if k == start_iter:
                     backend.check_annotations(graph)
                 learner_in = backend.as_input(handle)
-                pending.append((k, handle))
-                k += 1
-            it, fut = pending.popleft()
+                pending.append((k, n, handle))
+                k += n
+            it, n, fut = pending.popleft()
             try:
                 output = _result(backend, fut, pins)
             except (CancelledError, WorkersLost, *_LOST) as exc:
@@ -153,12 +162,14 @@ def train(
                       "and resubmitting from the last finished iteration", file=sys.stderr)
                 # Release, not cancel: the scheduler's cancel walks into the next iteration's
                 # tasks, which no client holds, fails an assertion and drops this client.
-                for _, other in [(it, fut), *pending]:
+                for *_, other in [(it, n, fut), *pending]:
                     other.release()
                 pending.clear()
                 learner_in = graph = None
                 placement = _replace(backend, algo, distribution, settings.replan_timeout)
                 pins = _pins(backend, placement)
+                cap = _task_cap(distribution, algo, placement, settings)
+                count = 1
                 k = base = it
                 # New task keys and fresh worker state for the retry: a key reused right
                 # after its cancellation can be cancelled by the scheduler's late notice, and
@@ -170,13 +181,15 @@ def train(
                 continue
             _check_finite(it, output, settings.out)
             last_done = output
-            recorder.record(it, last_done)
+            per_iteration = recorder.record(it, last_done)
+            if cap > 1 and per_iteration > 0:
+                count = max(1, min(cap, int(settings.task_s / per_iteration)))
             if not pending:
                 base = k  # the chain is drained: restart it from the driver's copy
-            if (it + 1) % settings.checkpoint_every == 0:
+            if (it + n) // settings.checkpoint_every > it // settings.checkpoint_every:
                 _checkpoint(settings, last_done, recorder.counters)
     except BaseException as exc:  # Ctrl-C, SIGTERM or an error: keep the last good iteration
-        for _, fut in pending:
+        for *_, fut in pending:
             fut.release()
         _checkpoint(settings, last_done, recorder.counters)
         if isinstance(exc, Exception):
@@ -184,7 +197,7 @@ def train(
         raise
     finally:
         recorder.close()
-    env_steps, overheads, counters = recorder.env_steps, recorder.overheads, recorder.counters
+    env_steps, counters = recorder.env_steps, recorder.counters
     wall = counters["wall_s"]
     _checkpoint(settings, last_done, counters)
     summary: dict[str, Any] = {
@@ -195,8 +208,7 @@ def train(
         "iterations": num_iterations,
         "wall_s": wall,
         "env_steps_per_s": env_steps / wall if wall > 0 else 0.0,
-        "dask_overhead_share": float(sorted(overheads)[len(overheads) // 2]) if overheads
-        else float("nan"),
+        "dask_overhead_share": recorder.overhead_share(),
         "final_episode_return_mean": last_done.metrics.get("episode_return_mean", float("nan")),
         "placement": {role: list(names) for role, names in placement.workers.items()},
         "seed": settings.seed,
@@ -284,16 +296,27 @@ def _raise_saved(exc: Exception, out: Path) -> None:
         f"`daskrl replay {path}` (add --pdb to debug)") from exc
 
 
+def _task_cap(distribution: Distribution, algo: Algorithm, placement: Placement,
+              settings: RunSettings) -> int:
+    """The most iterations per task for this placement (1 when ``task_s`` is 0)."""
+    if settings.task_s <= 0:
+        return 1
+    probe = IterationInputs(algo, placement, "", settings.seed, 0, 1, None,
+                            settings.deterministic, settings.env_retries)
+    return iterations_per_task(distribution, probe)
+
+
 def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:
     """Stop on a NaN/inf loss before it reaches a checkpoint."""
-    bad = {k: v for k, v in output.metrics.items()
-           if k.startswith("losses/") and isinstance(v, float) and not math.isfinite(v)
-           and k != "losses/explained_variance"}
-    if bad:
-        raise FloatingPointError(
-            f"iteration {it + 1}: non-finite loss {bad}; training stopped and the last good "
-            f"checkpoint is kept in {out / 'checkpoints'} - lower --learning-rate or "
-            "--max-grad-norm, or check the env's rewards for NaN/inf")
+    for j, metrics in enumerate([*output.history, output.metrics]):
+        bad = {k: v for k, v in metrics.items()
+               if k.startswith("losses/") and isinstance(v, float) and not math.isfinite(v)
+               and k != "losses/explained_variance"}
+        if bad:
+            raise FloatingPointError(
+                f"iteration {it + j + 1}: non-finite loss {bad}; training stopped and the last "
+                f"good checkpoint is kept in {out / 'checkpoints'} - lower --learning-rate or "
+                "--max-grad-norm, or check the env's rewards for NaN/inf")
 
 
 class _Recorder:
@@ -311,12 +334,39 @@ class _Recorder:
         self.bar = _progress(settings.progress, total, start)
         self.start = start
         self.last_end: float | None = None
-        self.overheads: list[float] = []
+        self.iteration_sum = self.overhead_sum = 0.0
         self.t0 = time.perf_counter()
 
-    def record(self, it: int, output: LearnerOutput) -> None:
-        """Write iteration ``it``'s row; its wall time runs from the previous learner's end."""
-        m = output.metrics
+    def record(self, it: int, output: LearnerOutput) -> float:
+        """Write the rows of a task's iterations, ``it`` onwards (one, or the task's
+        ``history`` and then its last); return their mean wall time per iteration.
+
+        An iteration's wall time runs from the previous learner's end to its own, so the
+        first iteration of a task also carries the wait for that task.
+        """
+        rows = [self._row(it + j, m) for j, m in enumerate([*output.history, output.metrics])]
+        total = sum(r["iteration_s"] for r in rows)
+        if self.timeline is not None:
+            if len(rows) == 1:
+                rows[0].update(self.timeline.split(it, rows[0]))
+            else:  # one task ran them all: split its time, share it by iteration time
+                group = {key: sum(_num(r.get(key)) for r in rows)
+                         for key in ("iteration_s", "rollout_s", "env_s", "inference_s")}
+                parts = self.timeline.split(it, group)
+                for r in rows:
+                    share = r["iteration_s"] / total if total > 0 else 1 / len(rows)
+                    r.update({key: v * share for key, v in parts.items()})
+        for row in rows:
+            self.writer.write(row)
+        if self.bar is not None:
+            m = output.metrics
+            self.bar.update(len(rows))
+            self.bar.set_postfix(steps=self.env_steps, sps=f"{rows[-1]['env_steps_per_s']:.0f}",
+                                 ret=f"{m.get('episode_return_mean', float('nan')):.1f}")
+        return total / len(rows)
+
+    def _row(self, it: int, m: dict[str, Any]) -> dict[str, Any]:
+        """Iteration ``it``'s row from its metrics (counters advance)."""
         self.env_steps += m.get("env_steps", 0)
         wall = self.wall_before + time.perf_counter() - self.t0
         end = m.get("learn_t_end", 0.0)
@@ -325,7 +375,8 @@ class _Recorder:
         inside = m.get("rollout_s", 0.0) + end - m.get("learn_t_start", end)
         self.last_end = end
         if it > self.start:  # the first iteration also pays for worker start-up
-            self.overheads.append(max(0.0, iter_s - inside) / iter_s if iter_s > 0 else 0.0)
+            self.iteration_sum += max(0.0, iter_s)
+            self.overhead_sum += max(0.0, iter_s - inside)
         row = {key: v for key, v in m.items() if not key.endswith(("_t_start", "_t_end"))}
         row["iteration_env_steps"] = row.pop("env_steps", 0)
         row.update(iteration=it + 1, env_steps=self.env_steps, wall_s=wall,
@@ -334,14 +385,15 @@ class _Recorder:
                    learn_s=end - m.get("learn_t_start", end))
         if m.get("agent_steps") and iter_s > 0:  # multi-agent: rate with Dask's gaps included
             row["agent_steps_per_s_wall"] = m["agent_steps"] / iter_s
-        if self.timeline is not None:
-            row.update(self.timeline.split(it, row))
-        self.writer.write(row)
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(steps=self.env_steps, sps=f"{row['env_steps_per_s']:.0f}",
-                                 ret=f"{m.get('episode_return_mean', float('nan')):.1f}")
         self.counters = {"env_steps": self.env_steps, "wall_s": wall}
+        return row
+
+    def overhead_share(self) -> float:
+        """Time outside the fragments over the iterations' wall time, all iterations after
+        the first (NaN before any)."""
+        if self.iteration_sum <= 0:
+            return float("nan")
+        return self.overhead_sum / self.iteration_sum
 
     def close(self) -> None:
         """Close the CSV and the progress bar."""
@@ -358,6 +410,13 @@ def _checkpoint(settings: RunSettings, output: LearnerOutput, counters: dict[str
                "actors": output.actors, "counters": counters, "meta": settings.meta}
     save_checkpoint(settings.out / "checkpoints", output.version, payload,
                     keep=settings.keep_checkpoints)
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _progress(enabled: bool, total: int, initial: int) -> Any:

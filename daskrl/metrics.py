@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,13 @@ class MetricsWriter:
     def __init__(self, path: Path, resume_after: int | None = None,
                  tensorboard: bool = False) -> None:
         self.path = path
-        self.tb = _tensorboard(path.parent / "tb") if tensorboard else None
+        self._tb: dict[str, Any] = {}
+        self._tb_thread: threading.Thread | None = None
+        if tensorboard:  # importing TensorBoard takes ~0.3 s: do it while training starts
+            self._tb_thread = threading.Thread(
+                target=lambda: self._tb.update(writer=_tensorboard(path.parent / "tb")),
+                name="daskrl-tensorboard", daemon=True)
+            self._tb_thread.start()
         self.columns: list[str] | None = None
         kept: list[dict[str, str]] = []
         if resume_after is not None and path.exists():
@@ -58,11 +65,20 @@ class MetricsWriter:
             self._start(first + sorted(c for c in row if c not in first))
         self.writer.writerow({k: _fmt(v) for k, v in row.items()})  # type: ignore[union-attr]
         self.fh.flush()
-        if self.tb is not None:
+        tb = self.tb
+        if tb is not None:
             step = int(row.get("env_steps", row.get("iteration", 0)))
             for key, value in row.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.tb.add_scalar(key if "/" in key else f"charts/{key}", value, step)
+                    tb.add_scalar(key if "/" in key else f"charts/{key}", value, step)
+
+    @property
+    def tb(self) -> Any:
+        """The TensorBoard ``SummaryWriter`` (``None`` when off or not installed)."""
+        if self._tb_thread is not None:
+            self._tb_thread.join()
+            self._tb_thread = None
+        return self._tb.get("writer")
 
     def close(self) -> None:
         """Close the file (and the event files)."""

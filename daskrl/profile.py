@@ -136,9 +136,8 @@ def split(roles: dict[str, float], transfer: float, idle: float, metrics: Mappin
     if not (env or inference or rollout) and rollout_s > 0:
         rollout = min(rollout_s, learn)
         learn -= rollout
-    per_round = rollout_s / max(1.0, _num(metrics.get("rounds")) or 1.0)
-    f_env = _num(metrics.get("env_s")) / per_round if per_round > 0 else 0.0
-    f_inf = _num(metrics.get("inference_s")) / per_round if per_round > 0 else 0.0
+    f_env = _num(metrics.get("env_s")) / rollout_s if rollout_s > 0 else 0.0
+    f_inf = _num(metrics.get("inference_s")) / rollout_s if rollout_s > 0 else 0.0
     scale = max(1.0, f_env + f_inf)  # maxima of different replicas may exceed the rollout
     f_env, f_inf = f_env / scale, f_inf / scale
     return {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from dask.delayed import Delayed, delayed
-from distributed import Client
+from distributed import Client, get_task_stream
 
 from daskrl.backend import DaskBackend, SyncBackend
 from daskrl.cli import load_graph
@@ -112,3 +112,32 @@ def test_on_policy_run_in_one_process_has_no_lag(tmp_path):
     assert [int(r["policy_lag"]) for r in rows] == [0, 0, 0]
     assert all(float(r["rollout_s"]) > 0 and float(r["env_s"]) > 0 for r in rows)
     assert summary["env_steps"] >= 3 * algo.steps_per_iteration
+
+
+def test_short_iterations_share_tasks_and_train_exactly_as_one_per_task(tmp_path):
+    """On one worker the rollouts run in the learner's task and the driver puts several
+    iterations in each task: same numbers as one task per iteration, one row each."""
+    algo = ppo()
+    dist = get_distribution("actors-learner")
+    cluster = local_cluster([{"CPU": 1}])
+    results = {}
+    try:
+        with Client(cluster) as c:
+            for task_s in (0.0, 0.5):
+                out = tmp_path / f"t{task_s}"
+                with get_task_stream(c) as ts:
+                    summary = train(c, algo, dist, RunSettings(
+                        out=out, steps=24 * algo.steps_per_iteration, seed=5, eval=False,
+                        progress=False, tensorboard=False, task_s=task_s))
+                learner_tasks = {r["key"] for r in ts.data
+                                 if str(r["key"]).startswith("learner-")}
+                results[task_s] = (summary, rows_of(out), learner_tasks)
+    finally:
+        cluster.close()
+    (one, rows1, tasks1), (grouped, rows2, tasks2) = results[0.0], results[0.5]
+    assert [r["iteration"] for r in rows2] == [str(i) for i in range(1, 25)]
+    assert len(tasks1) == 24 and len(tasks2) < 12  # several iterations per task
+    assert grouped["weights_sha256"] == one["weights_sha256"]
+    assert [r["env_steps"] for r in rows2] == [r["env_steps"] for r in rows1]
+    assert [r["losses/policy_loss"] for r in rows2] == [r["losses/policy_loss"] for r in rows1]
+    assert grouped["dask_overhead_share"] < one["dask_overhead_share"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from daskrl.backend import DaskBackend
 from daskrl.cli import load_graph
 from daskrl.cluster import local_cluster
 from daskrl.distributions import IterationInputs, get_distribution, steps_per_iteration
+from daskrl.distributions.base import iterations_per_task
 from daskrl.distributions.central_inference import unit_seed
 from daskrl.driver import RunSettings, place, train
 
@@ -96,14 +98,20 @@ def test_single_fuses_everything_on_the_gpu_worker(client, tmp_path):
     assert algo.steps_per_iteration <= _last_steps(rows) < 1.1 * algo.steps_per_iteration
 
 
-def test_single_runs_several_rounds_per_task(client, tmp_path):
+def test_single_runs_several_iterations_per_task(client, tmp_path):
     algo = ppo(num_actors=1)
     dist = get_distribution("single:iterations_per_task=3")
-    assert steps_per_iteration(dist, algo) == 3 * algo.steps_per_iteration
-    inputs = _inputs(client, algo, dist, 0)
+    assert steps_per_iteration(dist, algo) == algo.steps_per_iteration
+    inputs = dataclasses.replace(_inputs(client, algo, dist, 0), count=3)
+    assert iterations_per_task(dist, inputs) == 3
     out = client.compute(dist.iteration(inputs)).result()
-    assert out.version == 1 and out.metrics["rounds"] == 3
-    assert int(out.metrics["env_steps"]) > 2 * algo.steps_per_iteration
+    rows = [*out.history, out.metrics]
+    assert out.version == 3 and len(rows) == 3
+    # each iteration is its own update: its own learning rate (annealed), its own batch
+    rates = [r["charts/learning_rate"] for r in rows]
+    assert rates[0] > rates[1] > rates[2]
+    assert all(int(r["env_steps"]) >= algo.steps_per_iteration for r in rows)
+    assert iterations_per_task(dist, dataclasses.replace(inputs, deterministic=True)) == 1
 
 
 def test_central_inference_places_envs_and_inference(client, tmp_path):

@@ -43,12 +43,12 @@ def test_sweep_shares_overlaps_and_counts_transfer_only_while_idle() -> None:
 
 
 def test_fused_rollouts_are_carved_out_of_the_learner_task() -> None:
-    # single:iterations_per_task=2: rollout_s sums both rounds, env_s is one round's (max)
-    parts = split({"learner": 1.0}, 0.0, 0.1, {"rollout_s": 0.6, "env_s": 0.2, "rounds": 2,
-                                               "inference_s": 0.05})
+    # a task of two iterations: the rows' rollout_s, env_s and inference_s summed
+    parts = split({"learner": 1.0}, 0.0, 0.1, {"rollout_s": 0.6, "env_s": 0.4,
+                                               "inference_s": 0.1})
     assert parts["time/learn_s"] == pytest.approx(0.4)
-    assert parts["time/env_s"] == pytest.approx(0.6 * 0.2 / 0.3)
-    assert parts["time/inference_s"] == pytest.approx(0.6 * 0.05 / 0.3)
+    assert parts["time/env_s"] == pytest.approx(0.4)
+    assert parts["time/inference_s"] == pytest.approx(0.1)
     assert sum(parts.values()) == pytest.approx(1.1)
 
 

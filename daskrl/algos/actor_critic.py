@@ -153,6 +153,7 @@ class RolloutRecorder:
         fit: :meth:`finish` hands out copies, never the buffers)."""
         n = len(obs)
         self.t, self.t_start, self.inference_s = 0, time.time(), 0.0
+        self.layers = self.net.numpy_layers()  # the weights stay put until finish()
         self.returns_done: list[float] = []
         self.lengths_done: list[int] = []
         old = getattr(self, "obs", None)
@@ -181,7 +182,8 @@ class RolloutRecorder:
         if t == len(self.actions):
             self._grow()
         self.obs[t] = obs
-        self.actions[t], self.logp[t], self.values[t] = self.net.act(obs, generator=self.generator)
+        self.actions[t], self.logp[t], self.values[t] = self.net.act(
+            obs, generator=self.generator, layers=self.layers)
         self.inference_s += time.perf_counter() - t0
         return self.actions[t].copy()  # the buffer is reused by the next rollout
 
@@ -201,7 +203,7 @@ class RolloutRecorder:
         """Bootstrap from ``last_obs``, apply GAE, return the valid transitions and stats."""
         T = self.t
         t0 = time.perf_counter()
-        self.values[T] = self.net.act(last_obs, generator=self.generator)[2]
+        self.values[T] = self.net.act(last_obs, generator=self.generator, layers=self.layers)[2]
         self.inference_s += time.perf_counter() - t0
         adv, ret = gae(self.rewards[:T], self.values[:T], self.values[1 : T + 1],
                        self.terminated[:T], self.done[:T], self.gamma, self.gae_lambda)

@@ -105,16 +105,19 @@ class DiscreteActorCritic(nn.Module):
     def act(
         self, obs: np.ndarray, deterministic: bool = False,
         generator: torch.Generator | np.random.Generator | None = None,
+        layers: Any = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sample (or argmax) actions for a batch of observations; numpy in, numpy out.
 
         Runs on numpy copies of the CPU weights (refreshed whenever a parameter changes):
         for the small batches of a rollout step this is several times faster than torch's
         per-op dispatch. Sampling is Gumbel-max with uniform noise from ``generator`` (a
-        numpy ``Generator`` is the fast choice; a torch one is accepted).
+        numpy ``Generator`` is the fast choice; a torch one is accepted). ``layers`` are
+        copies from :meth:`numpy_layers` taken while the weights do not change (a rollout
+        takes them once); by default they are checked on every call.
         """
         x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        logits, values = self._numpy_forward(x)
+        logits, values = self._numpy_forward(x, layers)
         z = logits - logits.max(-1, keepdims=True)
         logp_all = z - np.log(np.exp(z).sum(-1, keepdims=True))
         if deterministic:
@@ -129,9 +132,11 @@ class DiscreteActorCritic(nn.Module):
         logp = logp_all[np.arange(len(actions)), actions]
         return actions, logp, values
 
-    def _numpy_forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _numpy_forward(self, x: np.ndarray, layers: Any = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """Policy logits ``(B, A)`` and values ``(B,)`` on the numpy weight copies."""
-        layers = self._numpy_layers()
+        if layers is None:
+            layers = self.numpy_layers()
         if isinstance(layers, tuple):  # actor and critic of different shapes: one by one
             return _numpy_mlp(layers[0], x), _numpy_mlp(layers[1], x)[:, 0]
         # actor and critic stacked on a leading axis of 2: one matmul per layer for both
@@ -151,7 +156,8 @@ class DiscreteActorCritic(nn.Module):
         state.pop("_np_linears", None)
         return state
 
-    def _numpy_layers(self) -> Any:
+    def numpy_layers(self) -> Any:
+        """Numpy copies of the current weights, for :meth:`act` (see :func:`_numpy_copies`)."""
         # Tensor._version counts in-place changes (optimiser steps, load_state_dict), so the
         # cache is rebuilt exactly when a weight changed (or a parameter was replaced).
         linears = self.__dict__.get("_np_linears")

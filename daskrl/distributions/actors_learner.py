@@ -5,7 +5,9 @@ iteration, as the learner task's output that the next iteration's rollouts take 
 Replicas placed on the same worker are fused into one rollout task that steps all their
 envs with one forward pass per step; on-policy rollouts placed on the learner's worker run
 inside the learner's task, one task per iteration (``fuse=false`` keeps one task per
-replica and role).
+replica and role), or per several iterations: the driver puts up to
+``iterations_per_task`` (default 8) short iterations in one such task, so that Dask's
+per-task cost (a scheduler round trip, a result fetch) is paid once for all of them.
 
 ``stale=1`` (opt-in; the default stays on-policy) lets the rollouts of iteration ``k + 1``
 run while the learner updates on iteration ``k``'s batch: they take the weights of
@@ -17,6 +19,7 @@ the rollouts when there is one, and the embedded cluster starts one more worker 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -27,7 +30,7 @@ from ..algorithm import Algorithm, Batch, LearnerOutput
 from ..fragment import Fragment
 from ..graph import Placement, task
 from ..roles import TaskContext
-from .base import IterationInputs, to_bool, to_int
+from .base import IterationInputs, chained, to_bool, to_int
 
 
 def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int, ...]]:
@@ -58,6 +61,10 @@ class ActorsLearner:
         0 (default): on-policy, each rollout waits for the previous update. 1: rollouts act
         with weights one update old, so they overlap the learner's update (see the module
         notes).
+    iterations_per_task : int
+        The most iterations one task runs when the rollouts run inside the learner's task
+        (default 8; the driver sizes tasks to about ``RunSettings.task_s``). 1 keeps one
+        task per iteration.
 
     Examples
     --------
@@ -67,9 +74,11 @@ class ActorsLearner:
 
     name = "actors-learner"
 
-    def __init__(self, fuse: bool | str = True, stale: int | str = 0) -> None:
+    def __init__(self, fuse: bool | str = True, stale: int | str = 0,
+                 iterations_per_task: int | str = 8) -> None:
         self.fuse = to_bool("fuse", fuse)
         self.stale = to_int("stale", stale, minimum=0)
+        self.max_count = to_int("iterations_per_task", iterations_per_task)
         if self.stale > 1:
             raise ValueError(f"option stale={stale!r} must be 0 (on-policy) or 1 (rollouts "
                              "one update behind the learner)")
@@ -117,25 +126,38 @@ class ActorsLearner:
             for g in groups
         ]
 
+    def _in_learner_task(self, inputs: IterationInputs) -> bool:
+        """On-policy, fused, and every rollout replica on the learner's worker."""
+        algo, place = inputs.algo, inputs.placement
+        learner_worker = place.worker("learner", 0)
+        local = learner_worker is not None and all(
+            place.worker("rollout", r) == learner_worker for r in range(algo.num_actors))
+        return local and self.fuse and not self.stale and not inputs.deterministic
+
+    def iterations_per_task(self, inputs: IterationInputs) -> int:
+        """``iterations_per_task`` when the rollouts run inside the learner's task, else 1."""
+        return self.max_count if self._in_learner_task(inputs) else 1
+
     def iteration(self, inputs: IterationInputs) -> Delayed:
         """Rollout tasks feeding one learner task.
 
         On-policy with every rollout replica on the learner's worker (one worker, or a
         worker per replica when ``--workers`` is 1), the rollouts run inside the learner
         task: the same calls, one Dask task (and scheduler round trip) per iteration
-        instead of two.
+        instead of two, or per ``inputs.count`` iterations.
         """
         algo, place, k = inputs.algo, inputs.placement, inputs.iteration
         learner_worker = place.worker("learner", 0)
-        local = learner_worker is not None and all(
-            place.worker("rollout", r) == learner_worker for r in range(algo.num_actors))
-        if local and self.fuse and not self.stale and not inputs.deterministic:
+        if self._in_learner_task(inputs):
             replicas = tuple(range(algo.num_actors))
             return task(rollout_and_learn, inputs.context("learner", 0), algo,
                         inputs.learner_in, inputs.context("rollout", 0),
-                        replicas if len(replicas) > 1 else (), role="learner", replica=0,
-                        iteration=k, run=inputs.run, resources=place.resources["learner"],
-                        worker=learner_worker)
+                        replicas if len(replicas) > 1 else (), inputs.count, role="learner",
+                        replica=0, iteration=k, run=inputs.run,
+                        resources=place.resources["learner"], worker=learner_worker)
+        if inputs.count != 1:
+            raise ValueError(f"{self.name}: {inputs.count} iterations per task need the "
+                             "rollouts inside the learner's task")
         return task(learn, inputs.context("learner", 0), algo, inputs.learner_in,
                     *self.batches(inputs), role="learner", replica=0, iteration=k,
                     run=inputs.run, resources=place.resources["learner"],
@@ -143,11 +165,17 @@ class ActorsLearner:
 
 
 def rollout_and_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
-                      rollout_ctx: TaskContext, replicas: tuple[int, ...]) -> LearnerOutput:
+                      rollout_ctx: TaskContext, replicas: tuple[int, ...], count: int = 1
+                      ) -> LearnerOutput:
     """Roles ``rollout`` and ``learner`` in one task on the learner's worker (on-policy):
-    :func:`daskrl.roles.rollout` (all replicas fused), then :func:`learn`."""
-    batch = roles.rollout(rollout_ctx, algo, learner_in, algo.num_steps, replicas)
-    return learn(ctx, algo, learner_in, batch)
+    :func:`daskrl.roles.rollout` (all replicas fused), then :func:`learn`, for ``count``
+    consecutive iterations (see :func:`~daskrl.distributions.base.chained`)."""
+    def one(it_ctx: TaskContext, current: LearnerOutput) -> LearnerOutput:
+        r_ctx = dataclasses.replace(rollout_ctx, iteration=it_ctx.iteration)
+        batch = roles.rollout(r_ctx, algo, current, algo.num_steps, replicas)
+        return learn(it_ctx, algo, current, batch)
+
+    return chained(ctx, learner_in, count, one)
 
 
 def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches: Batch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -9,7 +10,7 @@ from typing import Any, Protocol
 import dask
 from dask.delayed import Delayed, delayed
 
-from ..algorithm import Algorithm
+from ..algorithm import Algorithm, LearnerOutput
 from ..failures import Call
 from ..fragment import Fragment
 from ..graph import Placement
@@ -32,6 +33,9 @@ class IterationInputs:
     """Bit-identical runs whatever the workers: no fusion, actors rebuilt from their state."""
     env_retries: int = 0
     """Times a rollout whose env raised is retried on rebuilt envs before the error stands."""
+    count: int = 1
+    """Iterations this graph runs, ``iteration`` to ``iteration + count - 1`` (more than one
+    only when the distribution's ``iterations_per_task`` allowed it)."""
 
     def context(self, role: str, replica: int) -> TaskContext:
         """The task context of one replica of ``role`` in this iteration."""
@@ -46,7 +50,9 @@ class Distribution(Protocol):
     ``fragments`` says which roles it places, with their resources and replica counts;
     ``iteration`` returns a delayed ``LearnerOutput`` whose key starts with ``learner``.
     A distribution may also define ``steps_per_iteration(algo)`` when one iteration takes
-    other than ``algo.steps_per_iteration`` env steps (see :func:`steps_per_iteration`).
+    other than ``algo.steps_per_iteration`` env steps (see :func:`steps_per_iteration`),
+    and ``iterations_per_task(inputs)``: how many consecutive iterations it can run as one
+    task for this placement (see :func:`iterations_per_task`).
     """
 
     name: str
@@ -65,11 +71,51 @@ def steps_per_iteration(distribution: Distribution, algo: Algorithm) -> int:
     --------
     >>> from daskrl.distributions import get_distribution
     >>> algo = Algorithm("a", print, print, print, num_steps=8, num_envs=4)
-    >>> steps_per_iteration(get_distribution("single:iterations_per_task=3"), algo)
-    96
+    >>> steps_per_iteration(get_distribution("single"), algo)
+    32
     """
     own = getattr(distribution, "steps_per_iteration", None)
     return int(own(algo)) if callable(own) else algo.steps_per_iteration
+
+
+def iterations_per_task(distribution: Distribution, inputs: IterationInputs) -> int:
+    """The most consecutive iterations ``distribution`` can run in one task (1 if it cannot).
+
+    The driver then builds graphs with ``inputs.count`` up to this many: fewer scheduler
+    round trips and result fetches per iteration when iterations are short.
+
+    Examples
+    --------
+    >>> from daskrl.distributions import get_distribution
+    >>> inputs = IterationInputs(Algorithm("a", print, print, print, num_steps=8, num_envs=4),
+    ...                          Placement({}, {}), "r", 1, 0, 10, None)
+    >>> iterations_per_task(get_distribution("data-parallel"), inputs)
+    1
+    """
+    own = getattr(distribution, "iterations_per_task", None)
+    return max(1, int(own(inputs))) if callable(own) else 1
+
+
+def chained(ctx: TaskContext, learner_in: LearnerOutput, count: int,
+            one: Callable[[TaskContext, LearnerOutput], LearnerOutput]) -> LearnerOutput:
+    """Run ``count`` iterations in this task: ``one(ctx, learner_in)`` for iterations
+    ``ctx.iteration, ctx.iteration + 1, ...``, each taking the previous one's output.
+
+    Returns the last output with the earlier iterations' metrics in ``history``.
+
+    Examples
+    --------
+    >>> def one(ctx, out):
+    ...     return LearnerOutput(out.version + 1, {}, {}, {"it": ctx.iteration})
+    >>> out = chained(TaskContext("r", 1, 0, 5, 9), LearnerOutput(5, {}, {}), 3, one)
+    >>> out.version, out.metrics, out.history
+    (8, {'it': 7}, [{'it': 5}, {'it': 6}])
+    """
+    out, history = learner_in, []
+    for j in range(count):
+        out = one(dataclasses.replace(ctx, iteration=ctx.iteration + j), out)
+        history.append(out.metrics)
+    return dataclasses.replace(out, history=history[:-1])
 
 
 def step_key(role: str, replica: int | str, iteration: int, step: int, run: str) -> str:
