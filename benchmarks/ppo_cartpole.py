@@ -642,8 +642,8 @@ def targets(medians: dict[str, dict[str, Any]], rat: dict[str, dict[str, Any]],
     else:
         met_tt = None if tt is None else tt <= 1 / 3
     add(f"wall-clock to {threshold:g} vs SB3", "<= 1/3", tt, met_tt)
-    ov = d.get("dask_overhead_share")
-    add("Dask overhead share of an iteration", "<= 5%", ov, None if ov is None else ov <= 0.05)
+    ov = d.get("dask_overhead_share_total")
+    add("Dask overhead share of iteration time", "<= 5%", ov, None if ov is None else ov <= 0.05)
     return rows
 
 
@@ -668,8 +668,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         (f"env steps to {thr}", "env_steps_to_threshold", 4),
         (f"reached {thr} (training rule), runs", "reached_threshold", 0),
         (f"greedy eval return after {s['solve_steps']:,} steps", "eval_return_mean", 4),
-        ("Dask overhead share, median iteration", "dask_overhead_share", 2),
-        ("Dask overhead share, all iterations", "dask_overhead_share_total", 2),
+        ("Dask overhead share (all iterations but the first)", "dask_overhead_share_total", 2),
         ("load average (1 min) at launch, throughput runs", "load_1m_at_launch", 3),
     ]
     headers = ["median of " + str(s["repeats"])] + [LABELS[x] for x in systems]
@@ -742,10 +741,11 @@ def render_markdown(result: dict[str, Any]) -> str:
         "of that iteration's update. A run that never reaches it counts as infinite in the "
         f"median. The greedy evaluation is {s['hyper']['eval_episodes']} deterministic "
         "episodes at the end of the same runs.",
-        "- **Dask overhead share** (daskrl, throughput runs): per iteration, "
-        "`overhead_s / iteration_s` from `metrics.csv` (iteration time minus time inside the "
-        "rollout and learner fragments), first iteration left out; the median iteration is "
-        "what `summary.json` reports as `dask_overhead_share`.",
+        "- **Dask overhead share** (daskrl, throughput runs): `sum(overhead_s) / "
+        "sum(iteration_s)` over the rows of `metrics.csv` but the first (iteration time "
+        "minus time inside the rollout and learner fragments; the driver runs several short "
+        "iterations per task, so the gap between tasks lands on the first row of each), "
+        "which is what `summary.json` reports as `dask_overhead_share`.",
         f"- Measured {m['load_before']['time']} on {m['cpu_model']} ({m['usable_cpus']} CPUs), "
         f"Python {m['python']}, torch {m['packages'].get('torch')}, dask "
         f"{m['packages'].get('dask')}, SB3 {m['packages'].get('stable-baselines3')}, daskrl "
@@ -939,9 +939,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"k, k-1, ... (whole iterations, back until >= {args.window} episodes) "
                      f"have a mean return >= {args.threshold:g}; time from process launch "
                      "to the end of iteration k's update"),
-            "overhead": ("daskrl metrics.csv: overhead_s / iteration_s per iteration, first "
-                         "left out; dask_overhead_share = median iteration (summary.json), "
-                         "dask_overhead_share_total = sum(overhead_s) / sum(iteration_s)"),
+            "overhead": ("daskrl metrics.csv, first row left out: dask_overhead_share_total = "
+                         "sum(overhead_s) / sum(iteration_s) (= summary.json's "
+                         "dask_overhead_share); dask_overhead_share is summary.json's"),
         },
         "runs": runs,
         "medians": medians,

@@ -157,6 +157,20 @@ def _graph_path(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _early_cluster(argv: Sequence[str]) -> Any:
+    """Start the embedded cluster now when ``argv`` is a ``train`` that will use one, so its
+    worker starts while this process imports torch and the graph; else ``None``."""
+    path = _graph_path(argv)
+    if path is None or argv[0] != "train" or not Path(path).is_file():
+        return None
+    flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
+    if flags & {"-h", "--help", "--scheduler", "--cluster", "--cluster-config"}:
+        return None
+    from .cluster import ClusterStart
+
+    return ClusterStart(security=True if "--tls" in flags else None)
+
+
 def _security(args: argparse.Namespace) -> Any:
     if not args.tls:
         return None
@@ -171,8 +185,10 @@ def _security(args: argparse.Namespace) -> Any:
         raise UserError(str(exc)) from None
 
 
-def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
-    """Run ``daskrl train``."""
+def cmd_train(args: argparse.Namespace, module: types.ModuleType,
+              early: Any = None) -> int:
+    """Run ``daskrl train`` (``early``: a :class:`~daskrl.cluster.ClusterStart` begun by
+    :func:`main` for the embedded cluster)."""
     from distributed import Client
 
     from .backend import DaskBackend, SyncBackend
@@ -226,8 +242,12 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType) -> int:
                     raise UserError(str(exc)) from None
                 print(f"{describe(cluster.spec)}; jobs {cluster.job_ids()}", file=sys.stderr)
             else:
-                cluster = local_cluster(default_worker_resources(workers), security=args.tls)
-                client = Client(cluster)
+                resources = default_worker_resources(workers)
+                if early is not None:
+                    cluster, client = early.take(resources)
+                else:
+                    cluster = local_cluster(resources, security=args.tls)
+                    client = Client(cluster)
             backend = DaskBackend(client)
             print(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}",
                   file=sys.stderr)
@@ -279,12 +299,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
+    early = _early_cluster(argv)
     try:
         path = _graph_path(argv)
         module = load_graph(path) if path else None
         args = _parser(module).parse_args(argv)
         if args.command == "train":
-            return cmd_train(args, module)
+            return cmd_train(args, module, early)
         if args.command == "graph":
             return cmd_graph(args, module)
         if args.command == "profile":
@@ -321,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("daskrl: interrupted; the last finished iteration is checkpointed", file=sys.stderr)
         return 130
+    finally:
+        if early is not None:
+            early.close()
     return 0
 
 

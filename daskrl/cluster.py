@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
+import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import dask
-from distributed import Client, LocalCluster, Nanny, Security, Worker
+from distributed import Client, Future, LocalCluster, Security, fire_and_forget, wait
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
@@ -68,15 +71,102 @@ def local_cluster(
         dashboard_address=dashboard_address,
         security=security or None,
     )
-    cls = Nanny if processes else Worker
-    base = dict(cluster.new_spec["options"])
-    for i, res in enumerate(worker_resources):
-        cluster.worker_spec[f"w{i}"] = {
-            "cls": cls,
-            "options": {**base, "nthreads": threads_per_worker, "resources": dict(res)},
-        }
-    cluster.sync(cluster._correct_state)
+    add_workers(cluster, worker_resources)
     return cluster
+
+
+def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, float]]) -> None:
+    """Start more workers on a :func:`local_cluster`, named on from its last one.
+
+    Examples
+    --------
+    >>> cluster = local_cluster([{"CPU": 1}], processes=False)  # doctest: +SKIP
+    >>> add_workers(cluster, [{"CPU": 1}])  # doctest: +SKIP
+    >>> sorted(cluster.worker_spec)  # doctest: +SKIP
+    ['w0', 'w1']
+    """
+    cls = cluster.new_spec["cls"]
+    base = dict(cluster.new_spec["options"])
+    first = len(cluster.worker_spec)
+    for i, res in enumerate(worker_resources, first):
+        cluster.worker_spec[f"w{i}"] = {"cls": cls,
+                                        "options": {**base, "resources": dict(res)}}
+    if worker_resources:
+        cluster.sync(cluster._correct_state)
+
+
+class ClusterStart:
+    """The embedded cluster, started in a thread with its first worker while the driver is
+    still importing torch and the graph script; :meth:`take` adds the other workers.
+
+    The worker then imports what tasks need (:func:`warm_imports`) while the driver builds
+    the first iteration, so neither waits for the other's imports.
+
+    Examples
+    --------
+    >>> start = ClusterStart(security=None)  # doctest: +SKIP
+    >>> cluster, client = start.take(default_worker_resources(2))  # doctest: +SKIP
+    """
+
+    def __init__(self, security: bool | None = None) -> None:
+        self.cluster: LocalCluster | None = None
+        self.client: Client | None = None
+        self.first: dict[str, float] = {}
+        self.error: BaseException | None = None
+        self.warm: Future | None = None
+        self.taken = False
+        self._thread = threading.Thread(target=self._start, args=(security,),
+                                         name="daskrl-cluster-start", daemon=True)
+        self._thread.start()
+
+    def _start(self, security: bool | None) -> None:
+        try:
+            self.first = default_worker_resources(1)[0]
+            self.cluster = local_cluster([self.first], security=security)
+            self.client = Client(self.cluster)
+            # a task, not Client.run: the worker's event loop stays free to answer (and to
+            # close quickly when the run is refused)
+            self.warm = self.client.submit(warm_imports, pure=False,
+                                           key=f"warm-imports-{uuid.uuid4().hex[:8]}")
+            fire_and_forget(self.warm)
+        except BaseException as exc:  # noqa: BLE001 - raised again by take()
+            self.error = exc
+
+    def take(self, worker_resources: Sequence[Mapping[str, float]]
+             ) -> tuple[LocalCluster, Client]:
+        """Wait for the start, add workers ``w1, w2, ...``; the cluster and its client."""
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.cluster is not None and self.client is not None
+        if dict(worker_resources[0]) != self.first:
+            raise ValueError(f"the first worker was started with {self.first}, not "
+                             f"{dict(worker_resources[0])}")
+        add_workers(self.cluster, worker_resources[1:])
+        self.taken, self.warm = True, None  # fire-and-forget: it finishes on its own
+        return self.cluster, self.client
+
+    def close(self) -> None:
+        """Stop the cluster unless :meth:`take` handed it out."""
+        self._thread.join()
+        if self.taken:
+            return
+        if self.client is not None:
+            if self.warm is not None:  # let it finish: a cancelled task logs a warning
+                wait([self.warm], timeout=30)
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def warm_imports() -> None:
+    """Import what daskrl's tasks use (run on a new worker before its first task)."""
+    import gymnasium  # noqa: F401
+    import torch  # noqa: F401
+
+    from . import roles  # noqa: F401
+    from .algos import actor_critic  # noqa: F401
+    from .distributions import base  # noqa: F401
 
 
 def default_worker_resources(workers: int) -> list[dict[str, float]]:
@@ -99,6 +189,8 @@ def default_worker_resources(workers: int) -> list[dict[str, float]]:
 def _visible_gpus() -> int:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return 0
+    if not any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/kfd", "/dev/dxg")):
+        return 0  # no GPU device node: no need to import torch to know
     try:
         import torch
 

@@ -206,3 +206,40 @@ def test_bad_input_stops_with_one_clear_error_line(bad_runs, name):
     assert result.stdout == ""
     limit = 75 if name == "unreachable scheduler" else 60  # 10 s connect timeout + start-up
     assert result.seconds < limit, result.seconds
+
+
+def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
+    """``daskrl train`` on the embedded cluster starts worker w0 before the graph script is
+    imported; taking it adds the other workers, and an untaken start is stopped."""
+    from distributed import Client
+
+    from daskrl.cli import _early_cluster
+    from daskrl.cluster import ClusterStart
+
+    graph = str(Path(__file__).resolve().parents[1] / "graphs" / "ppo.py")
+    assert _early_cluster(["train", graph, "--scheduler", "sync"]) is None
+    assert _early_cluster(["train", graph, "--cluster=local"]) is None
+    assert _early_cluster(["train", graph, "-h"]) is None
+    assert _early_cluster(["graph", graph]) is None
+
+    start = ClusterStart()
+    cluster, client = start.take([{"CPU": 1}, {"CPU": 1}])
+    try:
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        assert sorted((w["name"], w["resources"]["CPU"]) for w in info) == [("w0", 1), ("w1", 1)]
+        # w0 imports torch before any task of the run asks for it
+        w0 = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                  if w["name"] == "w0")
+        first = client.submit(lambda: "torch" in sys.modules, pure=False, workers=[w0])
+        assert first.result(timeout=60) is True
+        start.close()  # taken: left to its new owner
+        assert client.submit(lambda: 2, pure=False).result(timeout=30) == 2
+    finally:
+        client.close()
+        cluster.close()
+
+    untaken = ClusterStart()
+    untaken.close()
+    assert untaken.cluster is not None and untaken.cluster.status.name == "closed"
+    with pytest.raises(OSError):
+        Client(untaken.cluster.scheduler_address, timeout=2)
