@@ -45,9 +45,9 @@ class RunSettings:
     keep_checkpoints: int = 3
     lookahead: int = 4
     chain: int = 64
-    """Iterations chained on futures before the chain restarts from the driver's copy of
-    the last result (bounds the lineage Dask keeps; each restart drains the pipeline)."""
-    task_s: float = 0.2
+    """Tasks chained on futures before the chain restarts from the driver's copy of the
+    last result (bounds the lineage Dask keeps; each restart drains the pipeline)."""
+    task_s: float = 0.5
     """Seconds of work per task the driver aims for when the distribution can run several
     iterations in one task (``iterations_per_task``): short iterations are grouped so that
     Dask's per-task cost is paid once per group. 0 keeps one iteration per task."""
@@ -129,15 +129,18 @@ def train(
     pending: deque[tuple[int, int, Handle]] = deque()  # (first iteration, count, handle)
     learner_in: Any = None
     k = base = start_iter
+    linked = 0  # tasks submitted since the chain last restarted
     recoveries = 0
     cap = _task_cap(distribution, algo, placement, settings)
     count = 1  # iterations per task: grows to about settings.task_s of work once timed
     try:
         while k < num_iterations or pending:
             while k < num_iterations and len(pending) < depth and (
-                    k - base < max(depth, settings.chain) or k == base):
+                    linked < max(depth, settings.chain) or k == base):
                 if k == base:  # restart the chain from data: no lineage behind it
                     learner_in = backend.scatter(last_done, placement.worker("learner", 0))
+                    linked = 0
+                linked += 1
                 n = min(count, num_iterations - k)
                 inputs = IterationInputs(algo, placement, run, settings.seed, k, num_iterations,
                                          learner_in, settings.deterministic, settings.env_retries,

@@ -128,7 +128,8 @@ def test_short_iterations_share_tasks_and_train_exactly_as_one_per_task(tmp_path
                 with get_task_stream(c) as ts:
                     summary = train(c, algo, dist, RunSettings(
                         out=out, steps=24 * algo.steps_per_iteration, seed=5, eval=False,
-                        progress=False, tensorboard=False, task_s=task_s))
+                        progress=False, tensorboard=False, task_s=task_s,
+                        chain=3 if task_s else 64))  # grouped: restarts of the chain too
                 learner_tasks = {r["key"] for r in ts.data
                                  if str(r["key"]).startswith("learner-")}
                 results[task_s] = (summary, rows_of(out), learner_tasks)

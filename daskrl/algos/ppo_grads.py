@@ -93,7 +93,7 @@ def ppo_grads(net: DiscreteActorCritic, mb: dict[str, Tensor], hp: Any,
     for small minibatches; elsewhere in torch.
     """
     if use_numpy is None:
-        use_numpy = _numpy_ready(net, mb)
+        use_numpy = numpy_ready(net, mb)
     if use_numpy:
         for p in net.parameters():
             if p.grad is None:
@@ -102,7 +102,8 @@ def ppo_grads(net: DiscreteActorCritic, mb: dict[str, Tensor], hp: Any,
     return _torch_ppo_grads(net, mb, hp)
 
 
-def _numpy_ready(net: nn.Module, mb: dict[str, Tensor]) -> bool:
+def numpy_ready(net: nn.Module, mb: dict[str, Tensor]) -> bool:
+    """Whether :func:`ppo_grads` can run in numpy for ``net`` and minibatches like ``mb``."""
     if torch.get_num_threads() > 1 and len(mb["obs"]) > 1024:
         return False  # large minibatches: torch's matmuls use the threads it was given
     tensors = [*net.parameters(), *mb.values()]

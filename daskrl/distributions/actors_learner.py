@@ -6,7 +6,7 @@ Replicas placed on the same worker are fused into one rollout task that steps al
 envs with one forward pass per step; on-policy rollouts placed on the learner's worker run
 inside the learner's task, one task per iteration (``fuse=false`` keeps one task per
 replica and role), or per several iterations: the driver puts up to
-``iterations_per_task`` (default 8) short iterations in one such task, so that Dask's
+``iterations_per_task`` (default 16) short iterations in one such task, so that Dask's
 per-task cost (a scheduler round trip, a result fetch) is paid once for all of them.
 
 ``stale=1`` (opt-in; the default stays on-policy) lets the rollouts of iteration ``k + 1``
@@ -63,7 +63,7 @@ class ActorsLearner:
         notes).
     iterations_per_task : int
         The most iterations one task runs when the rollouts run inside the learner's task
-        (default 8; the driver sizes tasks to about ``RunSettings.task_s``). 1 keeps one
+        (default 16; the driver sizes tasks to about ``RunSettings.task_s``). 1 keeps one
         task per iteration.
 
     Examples
@@ -75,7 +75,7 @@ class ActorsLearner:
     name = "actors-learner"
 
     def __init__(self, fuse: bool | str = True, stale: int | str = 0,
-                 iterations_per_task: int | str = 8) -> None:
+                 iterations_per_task: int | str = 16) -> None:
         self.fuse = to_bool("fuse", fuse)
         self.stale = to_int("stale", stale, minimum=0)
         self.max_count = to_int("iterations_per_task", iterations_per_task)
