@@ -108,7 +108,9 @@ def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
     train.add_argument("--report", type=Path, default=None, metavar="FILE.html",
                        help="save Dask's performance report of the run (task stream, "
                             "worker profiles, bandwidth)")
-    train.add_argument("--checkpoint-every", type=int, default=10, help="iterations per checkpoint")
+    train.add_argument("--checkpoint-every", type=int, default=10,
+                       help="iterations per checkpoint (written at the end of the task that "
+                            "reaches the count, when short iterations share tasks)")
     train.add_argument("--no-eval", dest="eval", action="store_false",
                        help="skip the final deterministic evaluation")
     train.add_argument("--no-progress", dest="progress", action="store_false",
