@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import dask
 from distributed import Client, Future, LocalCluster, Security, fire_and_forget, wait
@@ -99,8 +101,10 @@ class ClusterStart:
     """The embedded cluster, started in a thread with its first worker while the driver is
     still importing torch and the graph script; :meth:`take` adds the other workers.
 
-    The worker then imports what tasks need (:func:`warm_imports`) while the driver builds
-    the first iteration, so neither waits for the other's imports.
+    Where the platform has one, its workers are forked from a server process that has
+    already imported what tasks need (:func:`worker_forkserver`), started before anything
+    else; the first task still runs :func:`warm_imports`, which is then a no-op, and without
+    the server it does the imports while the driver builds the first iteration.
 
     Examples
     --------
@@ -115,6 +119,7 @@ class ClusterStart:
         self.error: BaseException | None = None
         self.warm: Future | None = None
         self.taken = False
+        self.method = worker_forkserver()
         self._thread = threading.Thread(target=self._start, args=(security,),
                                          name="daskrl-cluster-start", daemon=True)
         self._thread.start()
@@ -122,7 +127,8 @@ class ClusterStart:
     def _start(self, security: bool | None) -> None:
         try:
             self.first = default_worker_resources(1)[0]
-            self.cluster = local_cluster([self.first], security=security)
+            with self._spawning():
+                self.cluster = local_cluster([self.first], security=security)
             self.client = Client(self.cluster)
             # a task, not Client.run: the worker's event loop stays free to answer (and to
             # close quickly when the run is refused)
@@ -142,9 +148,16 @@ class ClusterStart:
         if dict(worker_resources[0]) != self.first:
             raise ValueError(f"the first worker was started with {self.first}, not "
                              f"{dict(worker_resources[0])}")
-        add_workers(self.cluster, worker_resources[1:])
+        with self._spawning():
+            add_workers(self.cluster, worker_resources[1:])
         self.taken, self.warm = True, None  # fire-and-forget: it finishes on its own
         return self.cluster, self.client
+
+    def _spawning(self) -> Any:
+        """Dask starts the worker processes with :attr:`method` (its default without one)."""
+        if self.method is None:
+            return contextlib.nullcontext()
+        return dask.config.set({"distributed.worker.multiprocessing-method": self.method})
 
     def close(self) -> None:
         """Stop the cluster unless :meth:`take` handed it out."""
@@ -157,6 +170,48 @@ class ClusterStart:
             self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+
+WORKER_PRELOAD = ("distributed", "distributed.nanny", "distributed.worker", "torch",
+                  "gymnasium", "daskrl.algos.actor_critic", "daskrl.distributions",
+                  "daskrl.roles")
+"""Modules the worker fork server imports once, before it forks any worker."""
+
+
+def worker_forkserver() -> str | None:
+    """Start the process that embedded-cluster workers are forked from; ``"forkserver"``,
+    or ``None`` where the platform has no fork server.
+
+    It starts at once and imports :data:`WORKER_PRELOAD` on its own core while this process
+    goes on, so a worker forked from it has torch and gymnasium imported already (a spawned
+    worker imports them itself, ~1 s here). It gets the environment Dask's nanny would give
+    a worker (one thread per BLAS/OpenMP pool, :data:`WORKER_MALLOC`, the hash seed), since
+    a forked worker keeps its server's environment. It imports and starts no thread before
+    it forks.
+
+    Examples
+    --------
+    >>> worker_forkserver()  # doctest: +SKIP
+    'forkserver'
+    """
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return None
+    configure_dask()
+    environ = {k: str(v) for k, v in
+               dask.config.get("distributed.nanny.pre-spawn-environ").items() if v is not None}
+    environ.setdefault("PYTHONHASHSEED", "6640")  # what the nanny sets for spawned workers
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_PRELOAD))
+    saved = dict(os.environ)
+    try:
+        os.environ.update(environ)
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return "forkserver"
 
 
 def warm_imports() -> None:

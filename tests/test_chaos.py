@@ -237,8 +237,13 @@ def _worker_processes(proc: subprocess.Popen, count: int, limit: float = 120) ->
     """Pids of the embedded cluster's worker processes (children of ``daskrl train``)."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        kids = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                if "spawn_main" in " ".join(c.cmdline())]
+        # workers are spawned (``spawn_main``) or forked from daskrl's worker fork server
+        # (they keep its command line; the server itself is a child of daskrl train)
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        servers = {c.pid for c in descendants if c.ppid() == proc.pid
+                   and "forkserver" in " ".join(c.cmdline())}
+        kids = [c for c in descendants
+                if "spawn_main" in " ".join(c.cmdline()) or c.ppid() in servers]
         if len(kids) >= count:
             return [c.pid for c in sorted(kids, key=lambda c: c.create_time())]
         time.sleep(0.2)

@@ -232,6 +232,18 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
                   if w["name"] == "w0")
         first = client.submit(lambda: "torch" in sys.modules, pure=False, workers=[w0])
         assert first.result(timeout=60) is True
+        # forked from the fork server, workers still get what the nanny gives spawned ones
+        assert start.method == "forkserver"
+
+        def setup() -> tuple:
+            import torch
+
+            return (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"),
+                    os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.getppid() != driver)
+
+        driver = os.getpid()
+        trim = str(128 * 2**20)
+        assert list(client.run(setup).values()) == [(1, "1", trim, True)] * 2
         start.close()  # taken: left to its new owner
         assert client.submit(lambda: 2, pure=False).result(timeout=30) == 2
     finally:
