@@ -176,8 +176,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "*steady state* leaves out the first iteration. Each system counts env steps itself "
         "(daskrl leaves out gymnasium's auto-reset steps). *Per CPU-second* divides by the "
         "user + system CPU time of every process of the run (for daskrl: driver, scheduler, "
-        "nannies, workers), start-up and shutdown included; it depends less on the load than "
-        "wall-clock rates do.",
+        "nannies, the worker fork server, workers), sampled every 50 ms while it runs, "
+        "start-up and shutdown included; it depends less on the load than wall-clock rates "
+        "do.",
         f"- **Time to {thr}**: separate runs of {s['solve_steps']:,} env steps. An iteration "
         f"reaches it when the training episodes of the latest whole iterations covering at "
         f"least {s['window']} episodes average >= {thr} (SB3: Monitor returns; daskrl: "

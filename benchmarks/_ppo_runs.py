@@ -9,7 +9,6 @@ import hashlib
 import json
 import math
 import os
-import resource
 import shlex
 import shutil
 import signal
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from _common import (
     ROOT,
     median,
@@ -65,7 +65,7 @@ class Launch:
     t_launch: float
     load_1m: float
     cpu_s: float
-    """User + system CPU seconds of the child and every process it waited for."""
+    """User + system CPU seconds of the child and every process it started (sampled)."""
 
 
 def _launch(cmd: list[str], log: Path, src: Path, threads: int, timeout: float,
@@ -75,22 +75,44 @@ def _launch(cmd: list[str], log: Path, src: Path, threads: int, timeout: float,
         fh.write(shlex.join(cmd) + "\n")
         fh.flush()
         load = os.getloadavg()[0]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t_launch = time.time()
         proc = subprocess.Popen(cmd, cwd=src, env=_child_env(threads, src), stdout=fh,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        _wait(proc, log, timeout, poll)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Launch(t_launch, load, cpu)
+        cpu: dict[int, float] = {}
+        _wait(proc, log, timeout, poll, cpu)
+    return Launch(t_launch, load, sum(cpu.values()))
+
+
+def _sample_cpu(root: int, cpu: dict[int, float]) -> None:
+    """Record the CPU seconds so far of ``root`` and every process below it, by pid.
+
+    Sampled, not taken from ``getrusage``: a process's CPU reaches its parent only when the
+    parent waits for it, and daskrl's workers are forked from a server process that no one
+    waits for.
+    """
+    try:
+        top = psutil.Process(root)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        cpu[p.pid] = max(cpu.get(p.pid, 0.0), t.user + t.system)
 
 
 def _wait(proc: subprocess.Popen, log: Path, timeout: float,
-          poll: Callable[[], None] | None = None) -> None:
-    """Wait for ``proc`` (calling ``poll`` meanwhile); on failure, raise with the log's tail."""
+          poll: Callable[[], None] | None = None, cpu: dict[int, float] | None = None
+          ) -> None:
+    """Wait for ``proc`` (calling ``poll`` and sampling its processes' CPU into ``cpu``
+    meanwhile); on failure, raise with the log's tail."""
     deadline = time.monotonic() + timeout
     try:
         while proc.poll() is None:
+            if cpu is not None:
+                _sample_cpu(proc.pid, cpu)
             if poll is not None:
                 poll()
             if time.monotonic() > deadline:
@@ -252,8 +274,9 @@ def run_child(system: str, steps: int, seed: int, out: Path, hp: Hyper, evaluate
     """Run SB3 or the lean loop in a subprocess of this script and read its trace."""
     out.mkdir(parents=True, exist_ok=True)
     trace_file = out / "trace.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system,
-           "--child-out", str(trace_file), "--steps", str(steps), "--seed", str(seed),
+    script = Path(__file__).resolve().with_name("ppo_cartpole.py")
+    cmd = [sys.executable, str(script), "--child", system, "--child-out", str(trace_file),
+           "--steps", str(steps), "--seed", str(seed),
            "--torch-threads", str(threads), "--child-hyper", json.dumps(asdict(hp)),
            "--child-graph", str(src / GRAPH)]
     if evaluate:
