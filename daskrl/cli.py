@@ -302,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
     early = _early_cluster(argv)
+    if argv[:1] == ["train"]:
+        from .metrics import preload_tensorboard
+
+        preload_tensorboard()
     try:
         path = _graph_path(argv)
         module = load_graph(path) if path else None

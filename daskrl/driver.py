@@ -133,6 +133,7 @@ def train(
     recoveries = 0
     cap = _task_cap(distribution, algo, placement, settings)
     count = 1  # iterations per task: grows to about settings.task_s of work once timed
+    unchecked: Any = None  # the first graph, whose annotations the scheduler must keep
     try:
         while k < num_iterations or pending:
             while k < num_iterations and len(pending) < depth and (
@@ -148,10 +149,13 @@ def train(
                 graph = distribution.iteration(inputs)
                 handle = backend.submit(graph)
                 if k == start_iter:
-                    backend.check_annotations(graph)
+                    unchecked = graph
                 learner_in = backend.as_input(handle)
                 pending.append((k, n, handle))
                 k += n
+            if unchecked is not None:  # after the first window is queued: the workers go on
+                backend.check_annotations(unchecked)
+                unchecked = None
             it, n, fut = pending.popleft()
             try:
                 output = _result(backend, fut, pins)

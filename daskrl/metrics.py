@@ -31,13 +31,9 @@ class MetricsWriter:
     def __init__(self, path: Path, resume_after: int | None = None,
                  tensorboard: bool = False) -> None:
         self.path = path
-        self._tb: dict[str, Any] = {}
-        self._tb_thread: threading.Thread | None = None
-        if tensorboard:  # importing TensorBoard takes ~0.3 s: do it while training starts
-            self._tb_thread = threading.Thread(
-                target=lambda: self._tb.update(writer=_tensorboard(path.parent / "tb")),
-                name="daskrl-tensorboard", daemon=True)
-            self._tb_thread.start()
+        # made before the run's first task: done later, TensorBoard's start-up (~0.1 s of
+        # the interpreter) would hold up the embedded scheduler between two iterations
+        self.tb = _tensorboard(path.parent / "tb") if tensorboard else None
         self.columns: list[str] | None = None
         kept: list[dict[str, str]] = []
         if resume_after is not None and path.exists():
@@ -72,19 +68,40 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     tb.add_scalar(key if "/" in key else f"charts/{key}", value, step)
 
-    @property
-    def tb(self) -> Any:
-        """The TensorBoard ``SummaryWriter`` (``None`` when off or not installed)."""
-        if self._tb_thread is not None:
-            self._tb_thread.join()
-            self._tb_thread = None
-        return self._tb.get("writer")
-
     def close(self) -> None:
         """Close the file (and the event files)."""
         self.fh.close()
         if self.tb is not None:
             self.tb.close()
+
+
+_IMPORTING: list[threading.Thread] = []
+
+
+def preload_tensorboard() -> None:
+    """Start importing TensorBoard's writer in a thread (once per process).
+
+    The import takes ~0.3 s of the interpreter. Begun while the driver starts, it is done
+    before training; begun with the first iteration, it would hold up the embedded
+    scheduler, which shares this process.
+
+    Examples
+    --------
+    >>> preload_tensorboard()
+    """
+    if not _IMPORTING:
+        thread = threading.Thread(target=_import_writer, name="daskrl-tensorboard-import",
+                                  daemon=True)
+        _IMPORTING.append(thread)
+        thread.start()
+
+
+def _import_writer() -> None:
+    try:
+        from torch.utils.tensorboard.summary import scalar
+    except ImportError:  # the tensorboard package is optional
+        return
+    scalar("warm-up", 0.0)  # the first summary loads more of TensorBoard: not during a run
 
 
 def _tensorboard(folder: Path) -> Any:
