@@ -60,7 +60,7 @@ from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.checkpoint import list_checkpoints
 from daskrl.cli import load_graph
 from daskrl.cluster import local_cluster
-from daskrl.distributions import get_distribution, steps_per_iteration
+from daskrl.distributions import get_distribution
 from daskrl.driver import RunSettings, train
 
 DISTS = ("actors-learner", "central-inference", "data-parallel", "single", "async")
@@ -127,7 +127,7 @@ def throughput(client: Client, dist: str, algo: Any, iterations: int, seed: int)
     warmup = 2 if d.name == "async" else 1
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        settings = RunSettings(out=out, steps=(warmup + iterations) * steps_per_iteration(d, algo),
+        settings = RunSettings(out=out, steps=(warmup + iterations) * algo.steps_per_iteration,
                                seed=seed, eval=False, progress=False, tensorboard=False,
                                checkpoint_every=10**9)
         summary = train(client, algo, d, settings)

@@ -39,8 +39,9 @@ from _common import (
     update_section,
     write_json,
 )
+from _ppo_children import child_main
 from _ppo_report import _command, ratios, render_markdown, summarise, targets
-from _ppo_runs import child_main, run_child, run_daskrl, snapshot_sources
+from _ppo_runs import run_child, run_daskrl, snapshot_sources
 from _ppo_setup import (
     DEFAULT_JSON,
     DEFAULT_README,

@@ -244,11 +244,10 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType,
                     raise UserError(str(exc)) from None
                 print(f"{describe(cluster.spec)}; jobs {cluster.job_ids()}", file=sys.stderr)
             else:
-                resources = default_worker_resources(workers)
                 if early is not None:
-                    cluster, client = early.take(resources)
+                    cluster, client = early.take(workers)
                 else:
-                    cluster = local_cluster(resources, security=args.tls)
+                    cluster = local_cluster(default_worker_resources(workers), security=args.tls)
                     client = Client(cluster)
             backend = DaskBackend(client)
             print(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}",

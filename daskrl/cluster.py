@@ -103,19 +103,18 @@ class ClusterStart:
 
     Where the platform has one, its workers are forked from a server process that has
     already imported what tasks need (:func:`worker_forkserver`), started before anything
-    else; the first task still runs :func:`warm_imports`, which is then a no-op, and without
-    the server it does the imports while the driver builds the first iteration.
+    else; elsewhere the first worker runs :func:`warm_imports` as a task while the driver
+    builds the first iteration.
 
     Examples
     --------
     >>> start = ClusterStart(security=None)  # doctest: +SKIP
-    >>> cluster, client = start.take(default_worker_resources(2))  # doctest: +SKIP
+    >>> cluster, client = start.take(workers=2)  # doctest: +SKIP
     """
 
     def __init__(self, security: bool | None = None) -> None:
         self.cluster: LocalCluster | None = None
         self.client: Client | None = None
-        self.first: dict[str, float] = {}
         self.error: BaseException | None = None
         self.warm: Future | None = None
         self.taken = False
@@ -126,30 +125,27 @@ class ClusterStart:
 
     def _start(self, security: bool | None) -> None:
         try:
-            self.first = default_worker_resources(1)[0]
             with self._spawning():
-                self.cluster = local_cluster([self.first], security=security)
+                self.cluster = local_cluster(default_worker_resources(1), security=security)
             self.client = Client(self.cluster)
-            # a task, not Client.run: the worker's event loop stays free to answer (and to
-            # close quickly when the run is refused)
-            self.warm = self.client.submit(warm_imports, pure=False,
-                                           key=f"warm-imports-{uuid.uuid4().hex[:8]}")
-            fire_and_forget(self.warm)
+            if self.method is None:  # spawned: the worker has imported nothing yet
+                # a task, not Client.run: the worker's event loop stays free to answer (and
+                # to close quickly when the run is refused)
+                self.warm = self.client.submit(warm_imports, pure=False,
+                                               key=f"warm-imports-{uuid.uuid4().hex[:8]}")
+                fire_and_forget(self.warm)
         except BaseException as exc:  # noqa: BLE001 - raised again by take()
             self.error = exc
 
-    def take(self, worker_resources: Sequence[Mapping[str, float]]
-             ) -> tuple[LocalCluster, Client]:
-        """Wait for the start, add workers ``w1, w2, ...``; the cluster and its client."""
+    def take(self, workers: int) -> tuple[LocalCluster, Client]:
+        """Wait for the start, grow to ``workers`` workers with
+        :func:`default_worker_resources`; the cluster and its client."""
         self._thread.join()
         if self.error is not None:
             raise self.error
         assert self.cluster is not None and self.client is not None
-        if dict(worker_resources[0]) != self.first:
-            raise ValueError(f"the first worker was started with {self.first}, not "
-                             f"{dict(worker_resources[0])}")
         with self._spawning():
-            add_workers(self.cluster, worker_resources[1:])
+            add_workers(self.cluster, default_worker_resources(workers)[1:])
         self.taken, self.warm = True, None  # fire-and-forget: it finishes on its own
         return self.cluster, self.client
 

@@ -132,12 +132,12 @@ def split(roles: dict[str, float], transfer: float, idle: float, metrics: Mappin
     env, inference = roles.pop("env", 0.0), roles.pop("inference", 0.0)
     rollout = roles.pop("rollout", 0.0)
     learn = sum(roles.values())
-    rollout_s = _num(metrics.get("rollout_s"))
+    rollout_s = finite(metrics.get("rollout_s"))
     if not (env or inference or rollout) and rollout_s > 0:
         rollout = min(rollout_s, learn)
         learn -= rollout
-    f_env = _num(metrics.get("env_s")) / rollout_s if rollout_s > 0 else 0.0
-    f_inf = _num(metrics.get("inference_s")) / rollout_s if rollout_s > 0 else 0.0
+    f_env = finite(metrics.get("env_s")) / rollout_s if rollout_s > 0 else 0.0
+    f_inf = finite(metrics.get("inference_s")) / rollout_s if rollout_s > 0 else 0.0
     scale = max(1.0, f_env + f_inf)  # maxima of different replicas may exceed the rollout
     f_env, f_inf = f_env / scale, f_inf / scale
     return {
@@ -150,7 +150,14 @@ def split(roles: dict[str, float], transfer: float, idle: float, metrics: Mappin
     }
 
 
-def _num(value: Any) -> float:
+def finite(value: Any) -> float:
+    """``value`` as a float; 0.0 when it is missing, not a number or not finite.
+
+    Examples
+    --------
+    >>> finite("0.5"), finite(None), finite(float("nan"))
+    (0.5, 0.0, 0.0)
+    """
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -238,8 +245,8 @@ class Timeline:
     @staticmethod
     def _from_clocks(metrics: Mapping[str, Any]) -> dict[str, float]:
         """The split from the tasks' own clocks (no task stream: nothing moves)."""
-        wall = _num(metrics.get("iteration_s"))
-        rollout, learn = _num(metrics.get("rollout_s")), _num(metrics.get("learn_s"))
+        wall = finite(metrics.get("iteration_s"))
+        rollout, learn = finite(metrics.get("rollout_s")), finite(metrics.get("learn_s"))
         out = split({"rollout": rollout, "learner": learn}, 0.0, 0.0, metrics)
         out["time/idle_s"] = max(0.0, wall - rollout - learn)
         out["time/iteration_s"] = wall

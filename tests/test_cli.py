@@ -223,7 +223,7 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
     assert _early_cluster(["graph", graph]) is None
 
     start = ClusterStart()
-    cluster, client = start.take([{"CPU": 1}, {"CPU": 1}])
+    cluster, client = start.take(workers=2)
     try:
         info = client.scheduler_info(n_workers=-1)["workers"].values()
         assert sorted((w["name"], w["resources"]["CPU"]) for w in info) == [("w0", 1), ("w1", 1)]

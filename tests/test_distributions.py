@@ -25,7 +25,7 @@ from daskrl.algos.networks import DiscreteActorCritic
 from daskrl.backend import DaskBackend
 from daskrl.cli import load_graph
 from daskrl.cluster import local_cluster
-from daskrl.distributions import IterationInputs, get_distribution, steps_per_iteration
+from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.distributions.base import iterations_per_task
 from daskrl.distributions.central_inference import unit_seed
 from daskrl.driver import RunSettings, place, train
@@ -63,7 +63,7 @@ def placements(client: Client):
 
 def run(client: Client, algo, distribution: str, tmp_path: Path, iterations: int = 2):
     dist = get_distribution(distribution)
-    steps = iterations * steps_per_iteration(dist, algo)
+    steps = iterations * algo.steps_per_iteration
     settings = RunSettings(out=tmp_path, steps=steps, eval=False, progress=False)
     summary = train(client, algo, dist, settings)
     with open(tmp_path / "metrics.csv", newline="") as fh:
@@ -101,7 +101,6 @@ def test_single_fuses_everything_on_the_gpu_worker(client, tmp_path):
 def test_single_runs_several_iterations_per_task(client, tmp_path):
     algo = ppo(num_actors=1)
     dist = get_distribution("single:iterations_per_task=3")
-    assert steps_per_iteration(dist, algo) == algo.steps_per_iteration
     inputs = dataclasses.replace(_inputs(client, algo, dist, 0), count=3)
     assert iterations_per_task(dist, inputs) == 3
     out = client.compute(dist.iteration(inputs)).result()

@@ -12,7 +12,7 @@ import torch
 from daskrl import Resources
 from daskrl.algos.gae import gae
 from daskrl.cli import load_graph
-from daskrl.distributions import get_distribution, steps_per_iteration
+from daskrl.distributions import get_distribution
 from daskrl.distributions.data_parallel import GradExchange, digest
 from daskrl.driver import RunSettings, train
 from marl.mappo import (
@@ -170,7 +170,7 @@ def test_graph_runs_under_distributions(cluster_gpu_client, tmp_path, name):
                                     num_minibatches=2, eval_episodes=4))
     algo = algo.with_resources({"learner": Resources(cpu=1)})
     dist = get_distribution(name)
-    settings = RunSettings(out=tmp_path, steps=2 * steps_per_iteration(dist, algo),
+    settings = RunSettings(out=tmp_path, steps=2 * algo.steps_per_iteration,
                            progress=False, tensorboard=False)
     summary = train(cluster_gpu_client, algo, dist, settings)
     with open(tmp_path / "metrics.csv", newline="") as fh:

@@ -204,6 +204,7 @@ class RolloutRecorder:
         T = self.t
         t0 = time.perf_counter()
         self.values[T] = self.net.act(last_obs, generator=self.generator, layers=self.layers)[2]
+        self.layers = None  # the next rollout takes fresh copies (and a pickled actor none)
         self.inference_s += time.perf_counter() - t0
         adv, ret = gae(self.rewards[:T], self.values[:T], self.values[1 : T + 1],
                        self.terminated[:T], self.done[:T], self.gamma, self.gae_lambda)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .actors_learner import ActorsLearner
 from .async_grads import AsyncGradients
-from .base import Distribution, IterationInputs, parse_spec, steps_per_iteration
+from .base import Distribution, IterationInputs, parse_spec
 from .central_inference import CentralInference
 from .data_parallel import DataParallel
 from .single import Single
@@ -60,5 +60,4 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
             f"are {', '.join(known) or 'none'}") from None
 
 
-__all__ = ["DISTRIBUTIONS", "KINDS", "Distribution", "IterationInputs", "get_distribution",
-           "steps_per_iteration"]
+__all__ = ["DISTRIBUTIONS", "KINDS", "Distribution", "IterationInputs", "get_distribution"]

@@ -49,10 +49,8 @@ class Distribution(Protocol):
 
     ``fragments`` says which roles it places, with their resources and replica counts;
     ``iteration`` returns a delayed ``LearnerOutput`` whose key starts with ``learner``.
-    A distribution may also define ``steps_per_iteration(algo)`` when one iteration takes
-    other than ``algo.steps_per_iteration`` env steps (see :func:`steps_per_iteration`),
-    and ``iterations_per_task(inputs)``: how many consecutive iterations it can run as one
-    task for this placement (see :func:`iterations_per_task`).
+    A distribution may also define ``iterations_per_task(inputs)``: how many consecutive
+    iterations it can run as one task for this placement (see :func:`iterations_per_task`).
     """
 
     name: str
@@ -62,20 +60,6 @@ class Distribution(Protocol):
 
     def iteration(self, inputs: IterationInputs) -> Delayed:
         """The delayed graph of one iteration."""
-
-
-def steps_per_iteration(distribution: Distribution, algo: Algorithm) -> int:
-    """Env steps one iteration of ``distribution`` takes (the driver sizes the run by it).
-
-    Examples
-    --------
-    >>> from daskrl.distributions import get_distribution
-    >>> algo = Algorithm("a", print, print, print, num_steps=8, num_envs=4)
-    >>> steps_per_iteration(get_distribution("single"), algo)
-    32
-    """
-    own = getattr(distribution, "steps_per_iteration", None)
-    return int(own(algo)) if callable(own) else algo.steps_per_iteration
 
 
 def iterations_per_task(distribution: Distribution, inputs: IterationInputs) -> int:

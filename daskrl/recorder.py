@@ -1,0 +1,104 @@
+"""The driver's record of a run: a metrics row per iteration, progress, counters, overhead."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .algorithm import LearnerOutput
+from .metrics import MetricsWriter
+from .profile import Timeline, finite
+
+if TYPE_CHECKING:
+    from .driver import RunSettings
+
+
+class Recorder:
+    """Turns each finished iteration into a metrics row, progress and counters."""
+
+    def __init__(self, settings: RunSettings, total: int, start: int, counters: dict,
+                 timeline: Timeline | None = None) -> None:
+        self.timeline = timeline  # splits each iteration's time using Dask's task stream
+        resume_after = start if settings.resume else None
+        self.writer = MetricsWriter(settings.out / "metrics.csv", resume_after=resume_after,
+                                    tensorboard=settings.tensorboard)
+        self.env_steps = int(counters.get("env_steps", 0))
+        self.wall_before = float(counters.get("wall_s", 0.0))
+        self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before}
+        self.bar = _progress(settings.progress, total, start)
+        self.start = start
+        self.last_end: float | None = None
+        self.iteration_sum = self.overhead_sum = 0.0
+        self.t0 = time.perf_counter()
+
+    def record(self, it: int, output: LearnerOutput) -> float:
+        """Write the rows of a task's iterations, ``it`` onwards (one, or the task's
+        ``history`` and then its last); return their mean wall time per iteration.
+
+        An iteration's wall time runs from the previous learner's end to its own, so the
+        first iteration of a task also carries the wait for that task.
+        """
+        rows = [self._row(it + j, m) for j, m in enumerate([*output.history, output.metrics])]
+        total = sum(r["iteration_s"] for r in rows)
+        if self.timeline is not None:
+            if len(rows) == 1:
+                rows[0].update(self.timeline.split(it, rows[0]))
+            else:  # one task ran them all: split its time, share it by iteration time
+                group = {key: sum(finite(r.get(key)) for r in rows)
+                         for key in ("iteration_s", "rollout_s", "env_s", "inference_s")}
+                parts = self.timeline.split(it, group)
+                for r in rows:
+                    share = r["iteration_s"] / total if total > 0 else 1 / len(rows)
+                    r.update({key: v * share for key, v in parts.items()})
+        for row in rows:
+            self.writer.write(row)
+        if self.bar is not None:
+            m = output.metrics
+            self.bar.update(len(rows))
+            self.bar.set_postfix(steps=self.env_steps, sps=f"{rows[-1]['env_steps_per_s']:.0f}",
+                                 ret=f"{m.get('episode_return_mean', float('nan')):.1f}")
+        return total / len(rows)
+
+    def _row(self, it: int, m: dict[str, Any]) -> dict[str, Any]:
+        """Iteration ``it``'s row from its metrics (counters advance)."""
+        self.env_steps += m.get("env_steps", 0)
+        wall = self.wall_before + time.perf_counter() - self.t0
+        end = m.get("learn_t_end", 0.0)
+        begin = self.last_end if self.last_end is not None else m.get("rollout_t_start", end)
+        iter_s = end - begin
+        inside = m.get("rollout_s", 0.0) + end - m.get("learn_t_start", end)
+        self.last_end = end
+        if it > self.start:  # the first iteration also pays for worker start-up
+            self.iteration_sum += max(0.0, iter_s)
+            self.overhead_sum += max(0.0, iter_s - inside)
+        row = {key: v for key, v in m.items() if not key.endswith(("_t_start", "_t_end"))}
+        row["iteration_env_steps"] = row.pop("env_steps", 0)
+        row.update(iteration=it + 1, env_steps=self.env_steps, wall_s=wall,
+                   env_steps_per_s=self.env_steps / wall if wall > 0 else 0.0,
+                   iteration_s=iter_s, overhead_s=iter_s - inside,
+                   learn_s=end - m.get("learn_t_start", end))
+        if m.get("agent_steps") and iter_s > 0:  # multi-agent: rate with Dask's gaps included
+            row["agent_steps_per_s_wall"] = m["agent_steps"] / iter_s
+        self.counters = {"env_steps": self.env_steps, "wall_s": wall}
+        return row
+
+    def overhead_share(self) -> float:
+        """Time outside the fragments over the iterations' wall time, all iterations after
+        the first (NaN before any)."""
+        if self.iteration_sum <= 0:
+            return float("nan")
+        return self.overhead_sum / self.iteration_sum
+
+    def close(self) -> None:
+        """Close the CSV and the progress bar."""
+        self.writer.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress(enabled: bool, total: int, initial: int) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="it", desc="train", dynamic_ncols=True)
