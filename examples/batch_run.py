@@ -1,12 +1,14 @@
-"""Train PPO on PBS Pro / OpenPBS: ``select=1:ncpus=N`` CPU jobs and ``:ngpus=1`` GPU jobs.
+"""Train PPO on batch jobs: CPU jobs step the envs, a GPU job runs the learner.
 
-Run on a PBS login node::
+Run on a Slurm or PBS Pro / OpenPBS login node (or after ``bash .ci/slurm-up.sh`` on one
+machine for Slurm)::
 
-    python examples/pbs_run.py --queue workq           # settings from examples/cluster.yaml
-    python examples/pbs_run.py --queue workq --print-scripts   # only show the job scripts
+    python examples/batch_run.py --kind slurm           # settings from examples/cluster.yaml
+    python examples/batch_run.py --kind pbs --queue workq --print-scripts  # only the scripts
 
-The CLI does the same: ``daskrl train graphs/ppo.py --cluster pbs --queue workq
---gpus-per-job 1``. Jobs are deleted (``qdel``) when training ends, also on Ctrl-C.
+The CLI does the same: ``daskrl train graphs/ppo.py --cluster slurm --cluster-config
+examples/cluster.yaml`` (or ``--cluster pbs --queue workq --gpus-per-job 1``). Jobs are
+cancelled (``scancel``/``qdel``) when training ends, also on Ctrl-C.
 """
 
 import argparse
@@ -22,11 +24,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", default=here / "cluster.yaml",
                         help="job settings (default: examples/cluster.yaml)")
-    parser.add_argument("--queue", default=None, help="PBS queue (-q)")
+    parser.add_argument("--kind", choices=("slurm", "pbs"), default="slurm",
+                        help="batch system (default: slurm)")
+    parser.add_argument("--queue", default=None, help="Slurm partition or PBS queue (-q)")
     parser.add_argument("--walltime", default=None, help="HH:MM:SS")
     parser.add_argument("--print-scripts", action="store_true", help="show the job scripts")
     args = parser.parse_args()
-    spec = load_spec(args.config, {"kind": "pbs", "queue": args.queue,
+    spec = load_spec(args.config, {"kind": args.kind, "queue": args.queue,
                                    "walltime": args.walltime})
     ppo = load_graph(str(here.parent / "graphs" / "ppo.py"))
     algo = ppo.build(ppo.Config(num_actors=2, num_envs=8, num_steps=128))
@@ -37,12 +41,12 @@ if __name__ == "__main__":
         for pool, script in job_scripts(spec).items():
             print(f"--- {pool} job ---\n{script}")
         raise SystemExit(0)
-    out = Path("runs/example-pbs")
+    out = Path(f"runs/example-{args.kind}")
     cluster, client = start_pools(spec, log_directory=out / "jobs")
     try:
         print("dashboard:", client.dashboard_link, "jobs:", cluster.job_ids())
         summary = train(client, algo, distribution, RunSettings(out=out, steps=200_000))
     finally:
         client.close()
-        cluster.close()  # deletes every job
+        cluster.close()  # cancels every job
     print({k: summary[k] for k in ("env_steps", "env_steps_per_s", "eval_return_mean")})
