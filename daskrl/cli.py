@@ -199,6 +199,9 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType,
     from .driver import RunSettings, check_settings, train
     from .failures import FragmentError
     from .jobqueue import describe, spec_from_args, start_pools
+    from .metrics import preload_tensorboard
+
+    preload_tensorboard()  # torch is imported by now: the thread imports only TensorBoard
 
     fields = {f.name for f in dataclasses.fields(module.Config)}
     try:
@@ -301,10 +304,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
     early = _early_cluster(argv)
-    if argv[:1] == ["train"]:
-        from .metrics import preload_tensorboard
-
-        preload_tensorboard()
     try:
         path = _graph_path(argv)
         module = load_graph(path) if path else None

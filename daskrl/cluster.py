@@ -119,14 +119,17 @@ class ClusterStart:
         self.warm: Future | None = None
         self.taken = False
         self.method = worker_forkserver()
-        self._thread = threading.Thread(target=self._start, args=(security,),
+        # here, not in the thread: on a GPU machine this imports torch, and two threads
+        # importing torch at once can each see the other's half-imported modules
+        first = default_worker_resources(1)
+        self._thread = threading.Thread(target=self._start, args=(security, first),
                                          name="daskrl-cluster-start", daemon=True)
         self._thread.start()
 
-    def _start(self, security: bool | None) -> None:
+    def _start(self, security: bool | None, first: list[dict[str, float]]) -> None:
         try:
             with self._spawning():
-                self.cluster = local_cluster(default_worker_resources(1), security=security)
+                self.cluster = local_cluster(first, security=security)
             self.client = Client(self.cluster)
             if self.method is None:  # spawned: the worker has imported nothing yet
                 # a task, not Client.run: the worker's event loop stays free to answer (and

@@ -83,7 +83,8 @@ def preload_tensorboard() -> None:
 
     The import takes ~0.3 s of the interpreter. Begun while the driver starts, it is done
     before training; begun with the first iteration, it would hold up the embedded
-    scheduler, which shares this process.
+    scheduler, which shares this process. Call it once torch is imported: two threads
+    importing torch at once can each see the other's half-imported modules.
 
     Examples
     --------
