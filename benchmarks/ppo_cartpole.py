@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         "medians": medians,
         "ratios": rat,
     }
-    result["targets"] = targets(medians, rat, args.threshold, args.solve_steps)
+    result["targets"] = {x: targets(medians, rat, args.threshold, args.solve_steps, x)
+                         for x in ("daskrl", "daskrl-stale") if x in medians}
     write_json(json_path, result)
     section = render_markdown(json.loads(json_path.read_text()))
     print(section)

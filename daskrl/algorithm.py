@@ -61,6 +61,10 @@ class LearnerOutput:
     history: list[dict[str, Any]] = field(default_factory=list)
     """Metrics of the earlier iterations a multi-iteration task ran before this one, oldest
     first (empty for a task of one iteration; see ``Distribution.iterations_per_task``)."""
+    carried: list[Batch] = field(default_factory=list)
+    """The next iteration's batches, when the tasks that made this output also collected
+    them (``actors-learner:stale=1`` with several iterations per task); else empty. Not
+    checkpointed: a resumed run collects them again."""
 
     def __getstate__(self) -> dict[str, Any]:
         # CPU tensors travel as numpy arrays: pickle hands their memory to Dask's comms as

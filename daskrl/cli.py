@@ -168,6 +168,9 @@ def _early_cluster(argv: Sequence[str]) -> Any:
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
     if flags & {"-h", "--help", "--scheduler", "--cluster", "--cluster-config"}:
         return None
+    from .forkserver import worker_forkserver
+
+    worker_forkserver()  # first: it imports what workers need while this process goes on
     from .cluster import ClusterStart
 
     return ClusterStart(security=True if "--tls" in flags else None)
@@ -199,9 +202,6 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType,
     from .driver import RunSettings, check_settings, train
     from .failures import FragmentError
     from .jobqueue import describe, spec_from_args, start_pools
-    from .metrics import preload_tensorboard
-
-    preload_tensorboard()  # torch is imported by now: the thread imports only TensorBoard
 
     fields = {f.name for f in dataclasses.fields(module.Config)}
     try:

@@ -11,26 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import dask
-from distributed import Client, Future, LocalCluster, Security, fire_and_forget, wait
+from distributed import (
+    Client,
+    Future,
+    LocalCluster,
+    Scheduler,
+    SchedulerPlugin,
+    Security,
+    fire_and_forget,
+    wait,
+)
+
+from .forkserver import worker_environ, worker_forkserver
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
-
-WORKER_MALLOC: dict[str, int] = {
-    "MALLOC_TRIM_THRESHOLD_": 128 * 2**20,
-    "MALLOC_MMAP_THRESHOLD_": 32 * 2**20,
-}
-"""glibc allocator settings for worker processes, set before they start.
-
-Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536`` so that freed memory goes
-back to the OS quickly. An RL iteration allocates and frees the same arrays thousands of
-times: with that setting every large array is a fresh ``mmap`` and the heap is trimmed
-after each free, which made the PPO update 25% slower and a 1024-env ``single`` iteration
-35% slower here. These values keep arrays up to 32 MiB on the heap and trim it only
-past 128 MiB of free memory (as fast as glibc's defaults, measured in
-``benchmarks/distributions.py``). Memory a worker frees is returned to the OS later.
-"""
-
 
 def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     """Settings every daskrl run uses: no task waits forever, no fused-away annotations.
@@ -40,11 +35,10 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     because fused delayed tasks lose their resource annotations. Nanny-started workers get
     :data:`WORKER_MALLOC` in their environment.
     """
-    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     dask.config.set({
         "distributed.scheduler.no-workers-timeout": no_workers_timeout,
         "optimization.fuse.delayed": False,
-        "distributed.nanny.pre-spawn-environ": {**environ, **WORKER_MALLOC},
+        "distributed.nanny.pre-spawn-environ": worker_environ(),
     })
 
 
@@ -54,11 +48,14 @@ def local_cluster(
     processes: bool = True,
     dashboard_address: str = "127.0.0.1:0",
     security: bool | None = None,
+    dashboard_later: bool = False,
 ) -> LocalCluster:
     """An embedded cluster on 127.0.0.1 with one worker per entry of ``worker_resources``.
 
     Workers are named ``w0, w1, ...`` (names, unlike addresses, survive restarts) and each
     advertises its own resources, e.g. ``[{"CPU": 1}, {"CPU": 1, "GPU": 1}]``.
+    ``dashboard_later`` serves the dashboard's pages only once the first task has finished
+    (:class:`DashboardAfterFirstTask`); its address is the same from the start.
 
     Examples
     --------
@@ -72,9 +69,41 @@ def local_cluster(
         host="127.0.0.1",
         dashboard_address=dashboard_address,
         security=security or None,
+        scheduler_kwargs={"dashboard": False} if dashboard_later else None,
     )
+    if dashboard_later and dashboard_address:
+        cluster.scheduler.add_plugin(DashboardAfterFirstTask(cluster.scheduler))
     add_workers(cluster, worker_resources)
     return cluster
+
+
+class DashboardAfterFirstTask(SchedulerPlugin):
+    """Adds the Bokeh dashboard to an in-process scheduler once its first task finishes.
+
+    Importing the dashboard takes ~0.4 s of the interpreter. An embedded scheduler shares
+    the driver's, which during start-up is importing torch and the graph on the way to the
+    first iteration; afterwards it mostly waits. The import runs in a thread, the pages
+    are attached on the scheduler's event loop; until then the address answers 404.
+    """
+
+    name = "daskrl-dashboard-after-first-task"
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.thread: threading.Thread | None = None
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any
+                   ) -> None:
+        if finish == "memory" and self.thread is None:
+            self.thread = threading.Thread(target=self._attach, name="daskrl-dashboard",
+                                           daemon=True)
+            self.thread.start()
+
+    def _attach(self) -> None:
+        from distributed.dashboard import scheduler as board
+
+        s = self.scheduler
+        s.loop.add_callback(board.connect, s.http_application, s.http_server, s, "/")
 
 
 def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, float]]) -> None:
@@ -129,7 +158,7 @@ class ClusterStart:
     def _start(self, security: bool | None, first: list[dict[str, float]]) -> None:
         try:
             with self._spawning():
-                self.cluster = local_cluster(first, security=security)
+                self.cluster = local_cluster(first, security=security, dashboard_later=True)
             self.client = Client(self.cluster)
             if self.method is None:  # spawned: the worker has imported nothing yet
                 # a task, not Client.run: the worker's event loop stays free to answer (and
@@ -169,48 +198,6 @@ class ClusterStart:
             self.client.close()
         if self.cluster is not None:
             self.cluster.close()
-
-
-WORKER_PRELOAD = ("distributed", "distributed.nanny", "distributed.worker", "torch",
-                  "gymnasium", "daskrl.algos.actor_critic", "daskrl.distributions",
-                  "daskrl.roles")
-"""Modules the worker fork server imports once, before it forks any worker."""
-
-
-def worker_forkserver() -> str | None:
-    """Start the process that embedded-cluster workers are forked from; ``"forkserver"``,
-    or ``None`` where the platform has no fork server.
-
-    It starts at once and imports :data:`WORKER_PRELOAD` on its own core while this process
-    goes on, so a worker forked from it has torch and gymnasium imported already (a spawned
-    worker imports them itself, ~1 s here). It gets the environment Dask's nanny would give
-    a worker (one thread per BLAS/OpenMP pool, :data:`WORKER_MALLOC`, the hash seed), since
-    a forked worker keeps its server's environment. It imports and starts no thread before
-    it forks.
-
-    Examples
-    --------
-    >>> worker_forkserver()  # doctest: +SKIP
-    'forkserver'
-    """
-    import multiprocessing
-    import multiprocessing.forkserver
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return None
-    configure_dask()
-    environ = {k: str(v) for k, v in
-               dask.config.get("distributed.nanny.pre-spawn-environ").items() if v is not None}
-    environ.setdefault("PYTHONHASHSEED", "6640")  # what the nanny sets for spawned workers
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WORKER_PRELOAD))
-    saved = dict(os.environ)
-    try:
-        os.environ.update(environ)
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    return "forkserver"
 
 
 def warm_imports() -> None:

@@ -22,7 +22,7 @@ from .backend import Backend, DaskBackend, Handle
 from .checkpoint import list_checkpoints, load_latest, save_checkpoint, weights_sha256
 from .distributions import Distribution, IterationInputs
 from .distributions.base import iterations_per_task
-from .failures import FragmentError, failure, save_failure
+from .failures import FragmentError, PeerLost, failure, save_failure
 from .fragment import Fragment
 from .graph import Placement, plan_placement, task
 from .memory import check_memory
@@ -31,7 +31,7 @@ from .profile import Timeline
 from .recorder import Recorder
 from .state import drop_run
 
-_LOST = (FutureCancelledError, KilledWorker, NoValidWorkerError, NoWorkerError)
+_LOST = (FutureCancelledError, KilledWorker, NoValidWorkerError, NoWorkerError, PeerLost)
 
 
 @dataclass
@@ -134,10 +134,11 @@ def train(
     recoveries = 0
     cap = _task_cap(distribution, algo, placement, settings)
     count = 1  # iterations per task: grows to about settings.task_s of work once timed
+    timed = cap <= 1  # until then one task in flight: the next ones are sized from it
     unchecked: Any = None  # the first graph, whose annotations the scheduler must keep
     try:
         while k < num_iterations or pending:
-            while k < num_iterations and len(pending) < depth and (
+            while k < num_iterations and len(pending) < (depth if timed else 1) and (
                     linked < max(depth, settings.chain) or k == base):
                 if k == base:  # restart the chain from data: no lineage behind it
                     learner_in = backend.scatter(last_done, placement.worker("learner", 0))
@@ -177,7 +178,7 @@ def train(
                 placement = _replace(backend, algo, distribution, settings.replan_timeout)
                 pins = _pins(backend, placement)
                 cap = _task_cap(distribution, algo, placement, settings)
-                count = 1
+                count, timed = 1, cap <= 1
                 k = base = it
                 # New task keys and fresh worker state for the retry: a key reused right
                 # after its cancellation can be cancelled by the scheduler's late notice, and
@@ -192,6 +193,7 @@ def train(
             per_iteration = recorder.record(it, last_done)
             if cap > 1 and per_iteration > 0:
                 count = max(1, min(cap, int(settings.task_s / per_iteration)))
+                timed = True
             if not pending:
                 base = k  # the chain is drained: restart it from the driver's copy
             if (it + n) // settings.checkpoint_every > it // settings.checkpoint_every:

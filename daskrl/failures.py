@@ -87,6 +87,11 @@ def _pack(fn: Callable[..., Any], key: str, args: tuple, kwargs: dict, exc: Exce
         return cloudpickle.dumps({**record, "unpicklable": f"{type(why).__name__}: {why}"})
 
 
+class PeerLost(ConnectionError):
+    """A task's direct link to a task on another worker broke (that worker is presumably
+    lost): the driver resubmits as it does when it sees a worker leave."""
+
+
 class FragmentError(RuntimeError):
     """A fragment raised; the message says where its inputs were saved and how to replay."""
 

@@ -35,7 +35,8 @@ from distributed import Client
 from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface
 
-from .cluster import WORKER_MALLOC, configure_dask
+from .cluster import configure_dask
+from .forkserver import WORKER_MALLOC
 from .jobqueue_spec import (
     KINDS,
     JobQueueSpec,

@@ -78,6 +78,29 @@ def test_stale_rollouts_take_the_weights_from_two_learner_tasks_back(client):
     assert dependencies(its[2], "learner-0-it2") == {"learner-0-it1-run", "rollout-0-it2-run"}
 
 
+def test_stale_groups_hand_the_next_batch_to_the_task_after(client):
+    algo = ppo()
+    dist = get_distribution("actors-learner:stale=1")
+    placement = place(DaskBackend(client), algo, dist)
+    learner_in: object = delayed(lambda: None)(dask_key_name="start")
+    built = []
+    for k, count in ((0, 1), (1, 3), (4, 1), (5, 2), (7, 2)):
+        graph = dist.iteration(IterationInputs(algo, placement, "run", 1, k, 9, learner_in,
+                                               count=count))
+        built.append(graph)
+        learner_in = graph
+    # a group after one iteration per task: its first rollout acts with that task's input
+    assert dependencies(built[1], "rollout-0-it1") == {"learner-0-it0-run", "start"}
+    assert dependencies(built[1], "learner-0-it1") == {"learner-0-it0-run"}
+    assert dependencies(built[1], "join-0-it1") == {"learner-0-it1-run", "rollout-0-it1-run"}
+    # the group collected iteration 4's batch: its learner task needs no rollout task
+    assert set(map(str, built[2].dask)) - set(map(str, built[1].dask)) == {"learner-0-it4-run"}
+    assert built[2].dask["learner-0-it4-run"].func.__name__ == "learn_carried"
+    # a group after a single iteration, then a group after a group
+    assert dependencies(built[3], "rollout-0-it5") == {"join-0-it1-run", "learner-0-it4-run"}
+    assert dependencies(built[4], "rollout-0-it7") == {"join-0-it5-run"}
+
+
 def test_on_policy_rollouts_take_the_latest_weights(client):
     algo = ppo()
     fused, unfused = (get_distribution(d) for d in ("actors-learner", "actors-learner:fuse=0"))
@@ -142,3 +165,44 @@ def test_short_iterations_share_tasks_and_train_exactly_as_one_per_task(tmp_path
     assert [r["env_steps"] for r in rows2] == [r["env_steps"] for r in rows1]
     assert [r["losses/policy_loss"] for r in rows2] == [r["losses/policy_loss"] for r in rows1]
     assert grouped["dask_overhead_share"] < one["dask_overhead_share"]
+
+
+def test_stale_groups_pipe_batches_and_weights_and_train_exactly_as_one_per_task(client,
+                                                                                  tmp_path):
+    """stale=1 with short iterations: a rollout task and a learner task per group of
+    iterations, running at once and passing batches and weights directly. Same numbers
+    (each rollout acts with the weights of two updates back) as one task per iteration."""
+    algo = ppo()
+    results = {}
+    for task_s in (0.0, 0.5):
+        dist = get_distribution("actors-learner:stale=1,iterations_per_task=5")
+        out = tmp_path / f"t{task_s}"
+        with get_task_stream(client) as ts:
+            summary = train(client, algo, dist, RunSettings(
+                out=out, steps=16 * algo.steps_per_iteration, seed=3, eval=False,
+                progress=False, tensorboard=False, task_s=task_s,
+                chain=2 if task_s else 64))  # grouped: restarts of the chain too
+        results[task_s] = (summary, rows_of(out), ts.data)
+    (one, rows1, stream1), (grouped, rows2, stream2) = results[0.0], results[0.5]
+    assert [r["iteration"] for r in rows2] == [str(i) for i in range(1, 17)]
+    assert [int(r["policy_lag"]) for r in rows2] == [0] + [1] * 15
+    assert grouped["weights_sha256"] == one["weights_sha256"]
+    assert [r["losses/policy_loss"] for r in rows2] == [r["losses/policy_loss"] for r in rows1]
+    assert [r["episode_return_mean"] for r in rows2] == [r["episode_return_mean"] for r in rows1]
+
+    def spans(stream, role):
+        return [(ss["start"], ss["stop"], r["key"]) for r in stream
+                if str(r["key"]).startswith(role + "-")
+                for ss in r["startstops"] if ss["action"] == "compute"]
+
+    learners, rollouts = spans(stream2, "learner"), spans(stream2, "rollout")
+    firsts = sorted(int(key.split("-it")[1].split("-")[0]) for *_, key in learners)
+    sizes = {a: b - a for a, b in zip(firsts, [*firsts[1:], 16], strict=True)}
+    assert len(spans(stream1, "learner")) == 16 and max(sizes.values()) == 5
+    assert len(rollouts) == len(learners)  # one rollout task per group
+    # a learner task of several iterations runs while its group's rollout task runs
+    for start, stop, key in learners:
+        if sizes[int(key.split("-it")[1].split("-")[0])] > 1:
+            (twin,) = [(a, b) for a, b, k in rollouts
+                       if k == key.replace("learner-", "rollout-")]
+            assert twin[0] < stop and start < twin[1], key

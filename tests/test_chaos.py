@@ -188,12 +188,19 @@ def _kill_worker_mid_run(tmp: Path, cluster: Path, graph: str, extra: list[str]
     return rows, text
 
 
-@pytest.mark.parametrize("distribution", ["actors-learner", "central-inference",
-                                          "data-parallel", "single", "async"])
+@pytest.mark.parametrize("distribution", [
+    "actors-learner", "central-inference", "data-parallel", "async",
+    # several iterations per task: at most 2, so that the kill lands mid-run
+    "single:iterations_per_task=2",
+    # one rollout replica: its worker and the learner's pass batches and weights directly
+    "actors-learner:stale=1,iterations_per_task=2",
+])
 def test_every_distribution_survives_a_killed_worker(
         tmp_path: Path, chaos_nanny_cluster: Path, distribution: str) -> None:
     graph, extra = ("graphs/a3c.py", SMALL) if distribution == "async" else (
         "graphs/ppo.py", PPO_SMALL)
+    if "stale" in distribution:  # one replica, as many env steps per iteration
+        extra = [*extra, "--num-actors", "1", "--num-envs", str(ACTORS * ENVS)]
     _kill_worker_mid_run(tmp_path, chaos_nanny_cluster, graph,
                          ["--distribution", distribution, *extra])
 

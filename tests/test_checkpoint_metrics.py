@@ -163,7 +163,8 @@ def run(algo, out, steps, **kwargs):
 def test_resume_after_a_torn_checkpoint_continues_from_the_one_before(cluster_tiny_ppo, tmp_path):
     algo = cluster_tiny_ppo(num_actors=1)
     per_it = algo.steps_per_iteration
-    first = run(algo, tmp_path, 4 * per_it, checkpoint_every=2, keep_checkpoints=5)
+    # one iteration per task (task_s=0): a checkpoint at every multiple of 2
+    first = run(algo, tmp_path, 4 * per_it, checkpoint_every=2, keep_checkpoints=5, task_s=0)
     ckpts = tmp_path / "checkpoints"
     assert names(ckpts) == ["ckpt-00000002.pt", "ckpt-00000004.pt"]
     before = read_csv(tmp_path / "metrics.csv")
@@ -171,7 +172,7 @@ def test_resume_after_a_torn_checkpoint_continues_from_the_one_before(cluster_ti
     # a crash while iteration 4's checkpoint was written, as a non-atomic copy leaves it
     (ckpts / "ckpt-00000004.pt").write_bytes(b"\x00" * 100)
     summary = run(algo, tmp_path, 5 * per_it, checkpoint_every=2, keep_checkpoints=5,
-                  resume=True)
+                  resume=True, task_s=0)
     rows = read_csv(tmp_path / "metrics.csv")
     assert [r["iteration"] for r in rows] == ["1", "2", "3", "4", "5"]
     assert rows[:2] == before[:2]  # kept as written; iterations 3-4 were redone

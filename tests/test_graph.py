@@ -236,7 +236,7 @@ def test_embedded_workers_keep_freed_memory_for_reuse(cluster_gpu_client):
     (which made every large array a fresh mmap and slowed the update by a quarter)."""
     import os
 
-    from daskrl.cluster import WORKER_MALLOC
+    from daskrl.forkserver import WORKER_MALLOC
 
     env = cluster_gpu_client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC})
     assert list(env.values()) == [{k: str(v) for k, v in WORKER_MALLOC.items()}] * 2

@@ -25,9 +25,9 @@ import pytest
 from distributed import Client
 
 from daskrl.cli import load_graph, main
-from daskrl.cluster import WORKER_MALLOC
 from daskrl.distributions import get_distribution
 from daskrl.driver import RunSettings, train
+from daskrl.forkserver import WORKER_MALLOC
 from daskrl.jobqueue import (
     JobQueueSpec,
     add_jobqueue_flags,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from distributed import Client
@@ -28,6 +32,27 @@ def test_dashboard_groups_tasks_by_role(tmp_path: Path) -> None:
     assert {"rollout", "learner", "evaluate"} <= set(prefixes)
 
 
+def test_embedded_dashboard_comes_up_once_the_first_task_has_run() -> None:
+    """``daskrl train``'s cluster imports the dashboard after start-up, not during it."""
+    def status(link: str) -> int:
+        try:
+            with urllib.request.urlopen(link, timeout=10) as page:
+                return page.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with local_cluster([{"CPU": 1}], dashboard_later=True) as cluster, \
+            Client(cluster) as client:
+        link = client.dashboard_link
+        assert link.startswith("http://127.0.0.1:") and status(link) == 404
+        assert client.submit(sum, [1, 2]).result() == 3
+        deadline = time.monotonic() + 60
+        while status(link) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status(link) == 200
+        assert status(link.replace("/status", "/individual-task-stream")) == 200
+
+
 def test_plot_profile_report_and_tensorboard_from_a_short_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     html = tmp_path / "report.html"
@@ -36,7 +61,15 @@ def test_plot_profile_report_and_tensorboard_from_a_short_run(tmp_path: Path) ->
            "--out", str(out), "--no-progress", "--report", str(html)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     assert html.stat().st_size > 10_000 and b"bokeh" in html.read_bytes().lower()
-    assert list((out / "tb").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    with open(out / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    returns = events.Scalars("charts/episode_return_mean")  # one event per row, all columns
+    assert [e.step for e in returns] == [int(r["env_steps"]) for r in rows]
+    assert "losses/policy_loss" in events.Tags()["scalars"]
     done = subprocess.run([sys.executable, "-m", "daskrl.cli", "plot", str(out)], check=True,
                           capture_output=True, text=True, timeout=120)
     for name in ("returns.png", "speed.png", "losses.png"):

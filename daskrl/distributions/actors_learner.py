@@ -14,7 +14,9 @@ run while the learner updates on iteration ``k``'s batch: they take the weights 
 iteration ``k - 1``, one update old (IMPALA-style one-step-stale acting; PPO's ratio is
 then taken against the policy that acted). The learner is placed on another worker than
 the rollouts when there is one, and the embedded cluster starts one more worker for it;
-``policy_lag`` in the metrics is how many updates old the acting weights were.
+``policy_lag`` in the metrics is how many updates old the acting weights were. Short
+iterations run several to a group of tasks that pass batches and weights to each other
+directly (:mod:`daskrl.distributions.stale_pipe`), with the same numbers.
 """
 
 from __future__ import annotations
@@ -28,9 +30,15 @@ from dask.delayed import Delayed
 from .. import roles
 from ..algorithm import Algorithm, Batch, LearnerOutput
 from ..fragment import Fragment
-from ..graph import Placement, task
+from ..graph import Placement, task, task_key
+from ..resources import Resources
 from ..roles import TaskContext
-from .base import IterationInputs, chained, to_bool, to_int
+from .base import IterationInputs, chained, pinned, to_bool, to_int
+from .stale_pipe import join, learn_carried, learn_group, rollout_group
+
+CARRIED = "carried"
+"""What :meth:`ActorsLearner.acting_weights` returns when the iteration's batches were
+collected by the group of tasks before (``stale=1``)."""
 
 
 def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int, ...]]:
@@ -62,9 +70,9 @@ class ActorsLearner:
         with weights one update old, so they overlap the learner's update (see the module
         notes).
     iterations_per_task : int
-        The most iterations one task runs when the rollouts run inside the learner's task
-        (default 16; the driver sizes tasks to about ``RunSettings.task_s``). 1 keeps one
-        task per iteration.
+        The most iterations one task runs when the rollouts run inside the learner's task,
+        or (``stale=1``) one group of piped tasks (default 64; the driver sizes tasks to
+        about ``RunSettings.task_s``). 1 keeps one task per iteration.
 
     Examples
     --------
@@ -75,14 +83,16 @@ class ActorsLearner:
     name = "actors-learner"
 
     def __init__(self, fuse: bool | str = True, stale: int | str = 0,
-                 iterations_per_task: int | str = 16) -> None:
+                 iterations_per_task: int | str = 64) -> None:
         self.fuse = to_bool("fuse", fuse)
         self.stale = to_int("stale", stale, minimum=0)
         self.max_count = to_int("iterations_per_task", iterations_per_task)
         if self.stale > 1:
             raise ValueError(f"option stale={stale!r} must be 0 (on-policy) or 1 (rollouts "
                              "one update behind the learner)")
-        self._last: tuple[str, int, Any] | None = None  # (run, iteration, its learner_in)
+        # (run, next iteration, the weights its first rollout acts with, or CARRIED when
+        # the group before collected its batches)
+        self._last: tuple[str, int, Any] | None = None
 
     def workers_wanted(self, algo: Algorithm) -> int:
         """Workers the embedded cluster starts: one per replica, plus the learner's if stale."""
@@ -97,34 +107,44 @@ class ActorsLearner:
         ]
 
     def acting_weights(self, inputs: IterationInputs) -> Any:
-        """The learner output the rollouts of ``inputs.iteration`` act with.
+        """What the first rollout of ``inputs.iteration`` acts with, or :data:`CARRIED`.
 
-        On-policy, ``inputs.learner_in``. With ``stale=1``, the previous iteration's input
-        (one update older) when that iteration was the last one built in this run; else
-        (the first iteration, a resubmission after a lost worker) ``inputs.learner_in``.
-        Call once per iteration, in order.
+        On-policy, ``inputs.learner_in``. With ``stale=1``, the weights one update older
+        than ``inputs.learner_in`` (the previous iteration's input) when that iteration was
+        the last one built in this run; :data:`CARRIED` when the group of iterations built
+        last also collected this iteration's batches (they travel in
+        ``LearnerOutput.carried``); else (the first iteration, a resubmission after a lost
+        worker) ``inputs.learner_in`` itself. Call once per graph, in order.
         """
         if not self.stale:
             return inputs.learner_in
-        last, self._last = self._last, (inputs.run, inputs.iteration, inputs.learner_in)
-        if last is not None and last[:2] == (inputs.run, inputs.iteration - 1):
+        last = self._last
+        after = CARRIED if inputs.count > 1 else inputs.learner_in
+        self._last = (inputs.run, inputs.iteration + inputs.count, after)
+        if last is not None and last[:2] == (inputs.run, inputs.iteration):
             return last[2]
         return inputs.learner_in
 
     def batches(self, inputs: IterationInputs) -> list[Delayed]:
         """One rollout task per replica, or per worker when fused."""
+        return self._rollouts(inputs, self.acting_weights(inputs))
+
+    def _rollouts(self, inputs: IterationInputs, acting: Any) -> list[Delayed]:
         algo, place, k = inputs.algo, inputs.placement, inputs.iteration
-        acting = self.acting_weights(inputs)
-        fuse = self.fuse and not inputs.deterministic  # fused envs would depend on placement
-        groups = (colocated(place, "rollout", algo.num_actors) if fuse
-                  else [(r,) for r in range(algo.num_actors)])
         return [
             task(roles.rollout, inputs.context("rollout", g[0]), algo, acting, algo.num_steps,
                  g if len(g) > 1 else (), role="rollout", replica=g[0],
                  iteration=k, run=inputs.run, resources=place.resources["rollout"],
                  worker=place.worker("rollout", g[0]))
-            for g in groups
+            for g in self._groups(inputs)
         ]
+
+    def _groups(self, inputs: IterationInputs) -> list[tuple[int, ...]]:
+        """Rollout replicas that run as one task: per worker when fused, else one each."""
+        replicas = inputs.algo.num_actors
+        if self.fuse and not inputs.deterministic:  # fused envs would depend on placement
+            return colocated(inputs.placement, "rollout", replicas)
+        return [(r,) for r in range(replicas)]
 
     def _in_learner_task(self, inputs: IterationInputs) -> bool:
         """On-policy, fused, and every rollout replica on the learner's worker."""
@@ -134,9 +154,20 @@ class ActorsLearner:
             place.worker("rollout", r) == learner_worker for r in range(algo.num_actors))
         return local and self.fuse and not self.stale and not inputs.deterministic
 
+    def _piped(self, inputs: IterationInputs) -> bool:
+        """Stale, fused, and no rollout replica on the learner's worker (nor unplaced)."""
+        algo, place = inputs.algo, inputs.placement
+        learner_worker = place.worker("learner", 0)
+        rollout_workers = {place.worker("rollout", r) for r in range(algo.num_actors)}
+        return (bool(self.stale) and self.fuse and not inputs.deterministic
+                and learner_worker is not None and None not in rollout_workers
+                and learner_worker not in rollout_workers)
+
     def iterations_per_task(self, inputs: IterationInputs) -> int:
-        """``iterations_per_task`` when the rollouts run inside the learner's task, else 1."""
-        return self.max_count if self._in_learner_task(inputs) else 1
+        """``iterations_per_task`` when the rollouts run inside the learner's task, or
+        stale rollouts on their own workers can be piped to it; else 1."""
+        fits = self._in_learner_task(inputs) or self._piped(inputs)
+        return self.max_count if fits else 1
 
     def iteration(self, inputs: IterationInputs) -> Delayed:
         """Rollout tasks feeding one learner task.
@@ -156,12 +187,44 @@ class ActorsLearner:
                         replica=0, iteration=k, run=inputs.run,
                         resources=place.resources["learner"], worker=learner_worker)
         if inputs.count != 1:
-            raise ValueError(f"{self.name}: {inputs.count} iterations per task need the "
-                             "rollouts inside the learner's task")
+            if not self._piped(inputs):
+                raise ValueError(f"{self.name}: {inputs.count} iterations per task need the "
+                                 "rollouts inside the learner's task, or stale=1 with the "
+                                 "learner on a worker of its own")
+            return self._piped_group(inputs)
+        acting = self.acting_weights(inputs)
+        if acting is CARRIED:  # the group before collected this iteration's batches
+            return task(learn_carried, inputs.context("learner", 0), algo, inputs.learner_in,
+                        role="learner", replica=0, iteration=k, run=inputs.run,
+                        resources=place.resources["learner"], worker=learner_worker)
         return task(learn, inputs.context("learner", 0), algo, inputs.learner_in,
-                    *self.batches(inputs), role="learner", replica=0, iteration=k,
+                    *self._rollouts(inputs, acting), role="learner", replica=0, iteration=k,
                     run=inputs.run, resources=place.resources["learner"],
                     worker=learner_worker)
+
+
+    def _piped_group(self, inputs: IterationInputs) -> Delayed:
+        """``inputs.count`` stale iterations: a rollout task per rollout worker and a learner
+        task, running at once and passing batches and weights directly
+        (:mod:`~daskrl.distributions.stale_pipe`), joined on the learner's worker."""
+        algo, place, k, run = inputs.algo, inputs.placement, inputs.iteration, inputs.run
+        acting = self.acting_weights(inputs)
+        carried = acting is CARRIED
+        older = None if carried or acting is inputs.learner_in else acting
+        groups = self._groups(inputs)
+        rollouts = [
+            task(rollout_group, inputs.context("rollout", g[0]), algo, inputs.learner_in,
+                 older, carried, g if len(g) > 1 else (), inputs.count, rank,
+                 len(groups) + 1, role="rollout", replica=g[0], iteration=k, run=run,
+                 resources=place.resources["rollout"], worker=place.worker("rollout", g[0]))
+            for rank, g in enumerate(groups, start=1)
+        ]
+        learner_worker = place.worker("learner", 0)
+        learned = task(learn_group, inputs.context("learner", 0), algo, inputs.learner_in,
+                       len(groups), inputs.count, carried, role="learner", replica=0, iteration=k,
+                       run=run, resources=place.resources["learner"], worker=learner_worker)
+        return pinned(join, learned, *rollouts, key=task_key("join", 0, k, run),
+                      resources=Resources(), worker=learner_worker)
 
 
 def rollout_and_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,

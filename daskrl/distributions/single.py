@@ -3,7 +3,7 @@
 One task per iteration steps every env of every replica as one vector env (one forward
 pass per step over ``num_actors * num_envs`` envs), then updates the learner in the same
 process: nothing moves between workers. The driver puts up to ``iterations_per_task``
-(default 16) short iterations in one task to amortise Dask's per-task cost.
+(default 64) short iterations in one task to amortise Dask's per-task cost.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Single:
     Parameters
     ----------
     iterations_per_task : int
-        The most iterations one task runs (default 16; the driver sizes tasks to about
+        The most iterations one task runs (default 64; the driver sizes tasks to about
         ``RunSettings.task_s``). 1 keeps one task per iteration.
     threads : int
         Torch threads of the worker for the update (default 0: leave the worker's setting,
@@ -102,7 +102,7 @@ class Single:
 
     name = "single"
 
-    def __init__(self, iterations_per_task: int | str = 16, threads: int | str = 0) -> None:
+    def __init__(self, iterations_per_task: int | str = 64, threads: int | str = 0) -> None:
         self.max_count = to_int("iterations_per_task", iterations_per_task)
         self.threads = to_int("threads", threads, minimum=0)
 

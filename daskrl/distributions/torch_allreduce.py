@@ -1,13 +1,12 @@
 """``data-parallel:allreduce=torch``: gradients all-reduced by ``torch.distributed`` on the workers.
 
 The replicas' workers form one process group per run (gloo on CPU, NCCL when the learner is
-on a GPU). Replica 0 picks a free port on its host and publishes ``tcp://host:port`` in a
-``distributed.Variable`` named after the run; the others read it and join.
+on a GPU). Replica 0 starts the group's store on a free port of its host and publishes
+``host:port`` in a ``distributed.Variable`` named after the run; the others read it and join.
 """
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -25,21 +24,15 @@ JOIN_TIMEOUT_S = 120.0
 _GROUP: dict[str, Any] = {}
 
 
-def free_port(host: str) -> int:
-    """A TCP port that is free on ``host`` right now.
+def ensure_group(run: str, rank: int, world: int, backend: str,
+                 who: str = "data-parallel:allreduce=torch") -> None:
+    """Join this run's process group (once per worker process and run).
 
-    Examples
-    --------
-    >>> 0 < free_port("127.0.0.1") < 65536
-    True
+    Rank 0 starts the group's key-value store (``torch.distributed.TCPStore``) on a free
+    port of its host first, then publishes ``host:port``, so the others never try to
+    connect before it listens (a refused connection is retried only after a back-off).
+    ``who`` names the distribution in the error when the others do not come.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def ensure_group(run: str, rank: int, world: int, backend: str) -> None:
-    """Join this run's process group (once per worker process and run)."""
     if _GROUP.get("id") == (run, world, backend):
         return
     from distributed import Variable, get_client, get_worker
@@ -47,18 +40,23 @@ def ensure_group(run: str, rank: int, world: int, backend: str) -> None:
     if dist.is_initialized():
         dist.destroy_process_group()  # a previous run's group
     var = Variable(f"daskrl-dp-{run}", client=get_client())
+    timeout = timedelta(seconds=JOIN_TIMEOUT_S)
     if rank == 0:
         host = urlparse(get_worker().address).hostname or "127.0.0.1"
-        var.set(f"tcp://{host}:{free_port(host)}")
-    try:
-        address = var.get(timeout=JOIN_TIMEOUT_S)
-    except TimeoutError:
-        raise RuntimeError(f"data-parallel:allreduce=torch: replica 0 did not publish its "
-                           f"address within {JOIN_TIMEOUT_S:g}s; are all {world} replicas "
-                           "running at once on different workers?") from None
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+        store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False)
+        var.set(f"{host}:{store.port}")
+    else:
+        try:
+            address = var.get(timeout=JOIN_TIMEOUT_S)
+        except TimeoutError:
+            raise RuntimeError(f"{who}: rank 0 did not publish its address within "
+                               f"{JOIN_TIMEOUT_S:g}s; are all {world} tasks of the group "
+                               "running at once on different workers?") from None
+        host, _, port = address.rpartition(":")
+        store = dist.TCPStore(host, int(port), world, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     _GROUP["id"] = (run, world, backend)
+    _GROUP["store"] = store  # the group uses it for its lifetime
 
 
 def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
