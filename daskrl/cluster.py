@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -16,7 +17,6 @@ from distributed import (
     Future,
     LocalCluster,
     Scheduler,
-    SchedulerPlugin,
     Security,
     fire_and_forget,
     wait,
@@ -48,14 +48,13 @@ def local_cluster(
     processes: bool = True,
     dashboard_address: str = "127.0.0.1:0",
     security: bool | None = None,
-    dashboard_later: bool = False,
 ) -> LocalCluster:
     """An embedded cluster on 127.0.0.1 with one worker per entry of ``worker_resources``.
 
     Workers are named ``w0, w1, ...`` (names, unlike addresses, survive restarts) and each
     advertises its own resources, e.g. ``[{"CPU": 1}, {"CPU": 1, "GPU": 1}]``.
-    ``dashboard_later`` serves the dashboard's pages only once the first task has finished
-    (:class:`DashboardAfterFirstTask`); its address is the same from the start.
+    The dashboard's pages are imported when the first one is requested
+    (:func:`serve_dashboard_on_demand`).
 
     Examples
     --------
@@ -69,41 +68,50 @@ def local_cluster(
         host="127.0.0.1",
         dashboard_address=dashboard_address,
         security=security or None,
-        scheduler_kwargs={"dashboard": False} if dashboard_later else None,
+        scheduler_kwargs={"dashboard": False},
     )
-    if dashboard_later and dashboard_address:
-        cluster.scheduler.add_plugin(DashboardAfterFirstTask(cluster.scheduler))
+    if dashboard_address:
+        serve_dashboard_on_demand(cluster.scheduler)
     add_workers(cluster, worker_resources)
     return cluster
 
 
-class DashboardAfterFirstTask(SchedulerPlugin):
-    """Adds the Bokeh dashboard to an in-process scheduler once its first task finishes.
+def serve_dashboard_on_demand(scheduler: Scheduler) -> None:
+    """Import and attach the Bokeh dashboard of ``scheduler`` (started with
+    ``dashboard=False``) when its first page is requested, not at start.
 
-    Importing the dashboard takes ~0.4 s of the interpreter. An embedded scheduler shares
-    the driver's, which during start-up is importing torch and the graph on the way to the
-    first iteration; afterwards it mostly waits. The import runs in a thread, the pages
-    are attached on the scheduler's event loop; until then the address answers 404.
+    Importing it takes ~0.4 s of CPU. An embedded scheduler shares the driver's process,
+    which during start-up is importing torch and the graph on the way to the first
+    iteration, and during training competes with the workers for the cores. The first
+    request (e.g. ``/status``) waits for the import, then is redirected to the same page,
+    which Bokeh serves from then on. Dask's own routes (``/health``, ``/metrics``, the
+    JSON API) are served from the start.
     """
+    from tornado import web
 
-    name = "daskrl-dashboard-after-first-task"
+    attached: list[asyncio.Future] = []
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        self.thread: threading.Thread | None = None
-
-    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any
-                   ) -> None:
-        if finish == "memory" and self.thread is None:
-            self.thread = threading.Thread(target=self._attach, name="daskrl-dashboard",
-                                           daemon=True)
-            self.thread.start()
-
-    def _attach(self) -> None:
+    async def attach() -> None:
+        await scheduler.loop.run_in_executor(None, _import_board)
         from distributed.dashboard import scheduler as board
 
-        s = self.scheduler
-        s.loop.add_callback(board.connect, s.http_application, s.http_server, s, "/")
+        scheduler.http_application.applications.remove(trigger)
+        board.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
+
+    class OnDemand(web.RequestHandler):
+        async def get(self, *args: Any) -> None:
+            if not attached:
+                attached.append(asyncio.ensure_future(attach()))
+            await attached[0]
+            self.redirect(self.request.uri)
+
+    trigger = web.Application([(r"/.*", OnDemand)])
+    scheduler.http_application.add_application(trigger)
+
+
+def _import_board() -> None:
+    from distributed.dashboard import scheduler  # noqa: F401
+
 
 
 def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, float]]) -> None:
@@ -158,7 +166,7 @@ class ClusterStart:
     def _start(self, security: bool | None, first: list[dict[str, float]]) -> None:
         try:
             with self._spawning():
-                self.cluster = local_cluster(first, security=security, dashboard_later=True)
+                self.cluster = local_cluster(first, security=security)
             self.client = Client(self.cluster)
             if self.method is None:  # spawned: the worker has imported nothing yet
                 # a task, not Client.run: the worker's event loop stays free to answer (and
