@@ -75,6 +75,8 @@ def child_sb3(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path
         "MlpPolicy", env, learning_rate=(lambda p: lr * p) if hp.anneal_lr else lr,
         n_steps=hp.num_steps, batch_size=hp.minibatch_size, n_epochs=hp.update_epochs,
         gamma=hp.gamma, gae_lambda=hp.gae_lambda, clip_range=hp.clip_coef,
+        # SB3 clips the predicted value itself, not CleanRL's max of two losses
+        clip_range_vf=hp.clip_coef if hp.clip_vloss else None,
         ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, max_grad_norm=hp.max_grad_norm,
         policy_kwargs={"net_arch": {"pi": [hp.hidden] * 2, "vf": [hp.hidden] * 2},
                        "activation_fn": nn.Tanh},

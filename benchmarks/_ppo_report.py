@@ -164,7 +164,11 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "`ppo_cartpole.py` trains PPO on CartPole-v1 with the same settings in every system: "
         "8 envs x 128 steps, 4 epochs, minibatch 256, lr 2.5e-4 annealed linearly to 0, "
-        "gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, value 0.5, grad-norm 0.5, "
+        "gamma 0.99, GAE lambda 0.95, clip 0.2, "
+        + {True: "value loss clipped too (SB3: `clip_range_vf`), ",
+           False: "value loss not clipped (SB3's default; daskrl's `--no-clip-vloss`), ",
+           None: ""}[s["hyper"].get("clip_vloss")]
+        + "entropy 0.01, value 0.5, grad-norm 0.5, "
         "separate 64x64 tanh actor and critic, CPU, one torch thread per process. "
         "daskrl runs `daskrl train graphs/ppo.py` (embedded LocalCluster, "
         f"{workers}, default actors-learner distribution, on-policy); SB3 runs PPO with a "

@@ -36,6 +36,8 @@ class Hyper:
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip_coef: float = 0.2
+    clip_vloss: bool = False
+    """SB3 does not clip the value loss; daskrl (like CleanRL) does unless told not to."""
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5

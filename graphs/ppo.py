@@ -31,6 +31,8 @@ class Config:
     gamma: float = setting("discount factor", 0.99)
     gae_lambda: float = setting("GAE lambda", 0.95)
     clip_coef: float = setting("surrogate clipping coefficient", 0.2)
+    clip_vloss: bool = setting("clip the value loss around the old values like the surrogate",
+                               True)
     ent_coef: float = setting("entropy bonus coefficient", 0.01)
     vf_coef: float = setting("value loss coefficient", 0.5)
     max_grad_norm: float = setting("gradient-norm clip", 0.5)
@@ -47,7 +49,8 @@ class Config:
         return PPOHyper(
             update_epochs=self.update_epochs, num_minibatches=num_mb,
             learning_rate=self.learning_rate, anneal_lr=self.anneal_lr,
-            clip_coef=self.clip_coef, ent_coef=self.ent_coef, vf_coef=self.vf_coef,
+            clip_coef=self.clip_coef, clip_vloss=self.clip_vloss, ent_coef=self.ent_coef,
+            vf_coef=self.vf_coef,
             max_grad_norm=self.max_grad_norm,
         )
 
