@@ -22,7 +22,7 @@ from distributed import (
     wait,
 )
 
-from .forkserver import worker_environ, worker_forkserver
+from .forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
@@ -33,8 +33,12 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     ``distributed.scheduler.no-workers-timeout`` makes a task that no worker can run fail
     with ``NoValidWorkerError`` instead of waiting forever; low-level fusion stays off
     because fused delayed tasks lose their resource annotations. Nanny-started workers get
-    :data:`WORKER_MALLOC` in their environment.
+    :data:`~daskrl.forkserver.WORKER_MALLOC` in their environment and
+    :data:`~daskrl.forkserver.WORKER_DASK_ENV` in their config.
     """
+    # a worker process takes its nanny's config, not its environment: these go in both
+    dask.config.update(dask.config.config, dask.config.collect_env(
+        {k: os.environ.get(k, v) for k, v in WORKER_DASK_ENV.items()}))
     dask.config.set({
         "distributed.scheduler.no-workers-timeout": no_workers_timeout,
         "optimization.fuse.delayed": False,

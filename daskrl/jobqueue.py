@@ -36,7 +36,7 @@ from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface
 
 from .cluster import configure_dask
-from .forkserver import WORKER_MALLOC
+from .forkserver import WORKER_DASK_ENV, WORKER_MALLOC
 from .jobqueue_spec import (
     KINDS,
     JobQueueSpec,
@@ -166,7 +166,8 @@ def pool_job_options(spec: JobQueueSpec, pool: str) -> dict[str, Any]:
         "walltime": spec.walltime, "queue": (spec.gpu_queue or spec.queue) if gpu else spec.queue,
         "job_name": f"{spec.name}-{pool}", "python": spec.python,
         "log_directory": spec.log_directory, "job_script_prologue": [
-            *(f"export {k}={v}" for k, v in WORKER_MALLOC.items()), *spec.prologue],
+            *(f"export {k}={v}" for k, v in WORKER_MALLOC.items()),
+            *(f"export {k}=${{{k}:-{v}}}" for k, v in WORKER_DASK_ENV.items()), *spec.prologue],
         "worker_extra_args": ["--resources", resources], "job_extra_directives": extra,
     }
     if spec.kind == "slurm":

@@ -235,15 +235,16 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
         # forked from the fork server, workers still get what the nanny gives spawned ones
         assert start.method == "forkserver"
 
-        def setup() -> tuple:
+        def setup(dask_worker) -> tuple:
             import torch
 
             return (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"),
-                    os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.getppid() != driver)
+                    os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.getppid() != driver,
+                    "profile" in dask_worker.periodic_callbacks)
 
         driver = os.getpid()
         trim = str(128 * 2**20)
-        assert list(client.run(setup).values()) == [(1, "1", trim, True)] * 2
+        assert list(client.run(setup).values()) == [(1, "1", trim, True, False)] * 2
         start.close()  # taken: left to its new owner
         assert client.submit(lambda: 2, pure=False).result(timeout=30) == 2
     finally:

@@ -170,6 +170,8 @@ def test_local_pools_advertise_resources_and_stop_their_processes(tmp_path):
         assert where.result(timeout=30) != os.getpid()
         env = client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
         assert set(env.values()) == {str(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"])}
+        sampling = client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
+        assert set(sampling.values()) == {False}  # Dask's sampling profiler is off
         pids = [int(p) for p in cluster.job_ids().values()]
     finally:
         client.close()
