@@ -35,7 +35,7 @@ WORKER_DASK_ENV: dict[str, str] = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED":
 in the environment daskrl runs in wins.
 
 Dask's statistical profiler samples each worker's running task every 10 ms. In a tight RL
-iteration it cost ~4% here (PPO on CartPole: 26.9 -> 25.8 ms per iteration, medians of
+iteration it cost ~6% here (PPO on CartPole: 27.2 -> 25.5 ms per iteration, medians of
 three runs), and ``daskrl profile`` and the task stream show where iteration time goes.
 ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True`` brings the dashboard's Profile page back.
 """

@@ -243,7 +243,7 @@ def test_embedded_workers_keep_freed_memory_for_reuse(cluster_gpu_client):
 
 
 def test_embedded_workers_run_without_dasks_sampling_profiler(cluster_gpu_client):
-    """Dask's profiler samples a worker's task every 10 ms (~4% of a PPO iteration): off on
+    """Dask's profiler samples a worker's task every 10 ms (~6% of a PPO iteration): off on
     the workers daskrl starts."""
     sampling = cluster_gpu_client.run(
         lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
