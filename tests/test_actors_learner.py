@@ -59,6 +59,22 @@ def dependencies(graph: Delayed, key_prefix: str) -> set[str]:
     return {str(d) for d in deps[key]}
 
 
+def one_and_grouped(client, algo, dist, tmp_path, iterations: int, seed: int, chain: int
+                    ) -> list[tuple[dict, list[dict[str, str]], list[dict]]]:
+    """The same run with one iteration per task (``task_s=0``) and grouped (``task_s=0.5``,
+    the chain restarted every ``chain`` tasks): summary, metrics rows, task stream each."""
+    results = []
+    for task_s in (0.0, 0.5):
+        out = tmp_path / f"t{task_s}"
+        with get_task_stream(client) as ts:
+            summary = train(client, algo, dist, RunSettings(
+                out=out, steps=iterations * algo.steps_per_iteration, seed=seed, eval=False,
+                progress=False, tensorboard=False, task_s=task_s,
+                chain=chain if task_s else 64))
+        results.append((summary, rows_of(out), ts.data))
+    return results
+
+
 def test_stale_option_is_checked():
     assert get_distribution("actors-learner:stale=1").stale == 1
     with pytest.raises(ValueError, match="stale"):
@@ -143,22 +159,14 @@ def test_short_iterations_share_tasks_and_train_exactly_as_one_per_task(tmp_path
     algo = ppo()
     dist = get_distribution("actors-learner")
     cluster = local_cluster([{"CPU": 1}])
-    results = {}
     try:
         with Client(cluster) as c:
-            for task_s in (0.0, 0.5):
-                out = tmp_path / f"t{task_s}"
-                with get_task_stream(c) as ts:
-                    summary = train(c, algo, dist, RunSettings(
-                        out=out, steps=24 * algo.steps_per_iteration, seed=5, eval=False,
-                        progress=False, tensorboard=False, task_s=task_s,
-                        chain=3 if task_s else 64))  # grouped: restarts of the chain too
-                learner_tasks = {r["key"] for r in ts.data
-                                 if str(r["key"]).startswith("learner-")}
-                results[task_s] = (summary, rows_of(out), learner_tasks)
+            (one, rows1, stream1), (grouped, rows2, stream2) = one_and_grouped(
+                c, algo, dist, tmp_path, iterations=24, seed=5, chain=3)
     finally:
         cluster.close()
-    (one, rows1, tasks1), (grouped, rows2, tasks2) = results[0.0], results[0.5]
+    tasks1, tasks2 = ({r["key"] for r in stream if str(r["key"]).startswith("learner-")}
+                      for stream in (stream1, stream2))
     assert [r["iteration"] for r in rows2] == [str(i) for i in range(1, 25)]
     assert len(tasks1) == 24 and len(tasks2) < 12  # several iterations per task
     assert grouped["weights_sha256"] == one["weights_sha256"]
@@ -172,18 +180,9 @@ def test_stale_groups_pipe_batches_and_weights_and_train_exactly_as_one_per_task
     """stale=1 with short iterations: a rollout task and a learner task per group of
     iterations, running at once and passing batches and weights directly. Same numbers
     (each rollout acts with the weights of two updates back) as one task per iteration."""
-    algo = ppo()
-    results = {}
-    for task_s in (0.0, 0.5):
-        dist = get_distribution("actors-learner:stale=1,iterations_per_task=5")
-        out = tmp_path / f"t{task_s}"
-        with get_task_stream(client) as ts:
-            summary = train(client, algo, dist, RunSettings(
-                out=out, steps=16 * algo.steps_per_iteration, seed=3, eval=False,
-                progress=False, tensorboard=False, task_s=task_s,
-                chain=2 if task_s else 64))  # grouped: restarts of the chain too
-        results[task_s] = (summary, rows_of(out), ts.data)
-    (one, rows1, stream1), (grouped, rows2, stream2) = results[0.0], results[0.5]
+    dist = get_distribution("actors-learner:stale=1,iterations_per_task=5")
+    (one, rows1, stream1), (grouped, rows2, stream2) = one_and_grouped(
+        client, ppo(), dist, tmp_path, iterations=16, seed=3, chain=2)
     assert [r["iteration"] for r in rows2] == [str(i) for i in range(1, 17)]
     assert [int(r["policy_lag"]) for r in rows2] == [0] + [1] * 15
     assert grouped["weights_sha256"] == one["weights_sha256"]

@@ -48,7 +48,8 @@ class Distribution(Protocol):
     """Turns an algorithm into one iteration's delayed graph.
 
     ``fragments`` says which roles it places, with their resources and replica counts;
-    ``iteration`` returns a delayed ``LearnerOutput`` whose key starts with ``learner``.
+    ``iteration`` returns a delayed ``LearnerOutput``; its key starts with ``learner``
+    (``join`` for a group of piped tasks, whose learner task is keyed ``learner`` too).
     A distribution may also define ``iterations_per_task(inputs)``: how many consecutive
     iterations it can run as one task for this placement (see :func:`iterations_per_task`).
     """
