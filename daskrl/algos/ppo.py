@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .optim import FlatAdam
-from .ppo_grads import numpy_ready, ppo_grads, supports
+from .ppo_grads import numpy_ready, numpy_views, ppo_grads, supports
 
 
 @dataclass(frozen=True)
@@ -211,6 +211,7 @@ def ppo_update(
     sizes = [len(c) for c in torch.tensor_split(torch.empty(n), min(hp.num_minibatches, n))]
     # numpy or torch arithmetic: decided once, it depends on devices, dtypes and sizes only
     use_numpy = by_hand and numpy_ready(net, {k: v[: sizes[0]] for k, v in data.items()})
+    views = numpy_views(net) if use_numpy else None  # the tensors stay, updated in place
     for _ in range(hp.update_epochs):
         perm = torch.randperm(n, generator=generator).to(device)
         shuffled = {k: v[perm] for k, v in data.items()}
@@ -220,7 +221,7 @@ def ppo_update(
             start += size
             optimizer.zero_grad(set_to_none=False)
             if by_hand:
-                parts = ppo_grads(net, mb, hp, use_numpy)  # type: ignore[arg-type]
+                parts = ppo_grads(net, mb, hp, use_numpy, views)  # type: ignore[arg-type]
             else:
                 loss, parts = ppo_loss(net, mb, hp)
                 loss.backward()
