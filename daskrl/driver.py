@@ -84,7 +84,11 @@ def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Plac
     fragments = distribution.fragments(algo)
     if "evaluate" not in {f.role for f in fragments}:
         fragments.append(Fragment(roles.evaluate, "evaluate", algo.resources_for("evaluate")))
-    return plan_placement(fragments, backend.workers(fragments))
+    placement = plan_placement(fragments, backend.workers(fragments))
+    check = getattr(distribution, "check_placement", None)
+    if callable(check):  # a distribution's own conditions (raises ValueError)
+        check(placement, algo)
+    return placement
 
 
 def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutput, int, dict]:

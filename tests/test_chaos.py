@@ -190,6 +190,7 @@ def _kill_worker_mid_run(tmp: Path, cluster: Path, graph: str, extra: list[str]
 
 @pytest.mark.parametrize("distribution", [
     "actors-learner", "central-inference", "data-parallel", "async",
+    "data-parallel:allreduce=torch",  # a gloo error on the survivor counts as a lost worker
     # several iterations per task: at most 2, so that the kill lands mid-run
     "single:iterations_per_task=2",
     # one rollout replica: its worker and the learner's pass batches and weights directly

@@ -234,3 +234,17 @@ def test_flatten_roundtrip():
     target = [torch.zeros(3, 2), torch.zeros(5)]
     unflatten_into(flat, target)
     assert all(torch.equal(a, b) for a, b in zip(grads, target, strict=True))
+
+
+def test_torch_allreduce_replicas_must_have_workers_of_their_own():
+    """Checked when the driver places the fragments (so after a lost worker it waits for a
+    replacement), with an error that says what to do."""
+    from daskrl.graph import Placement
+
+    algo, dist = ppo(num_actors=2), get_distribution("data-parallel:allreduce=torch")
+    res = {"replica": Resources(cpu=1), "learner": Resources(cpu=1)}
+    dist.check_placement(Placement(res, {"replica": ("a", "b")}), algo)
+    with pytest.raises(ValueError, match=r"2 replicas on different workers.*--num-actors"):
+        dist.check_placement(Placement(res, {"replica": ("b", "b")}), algo)
+    get_distribution("data-parallel").check_placement(Placement(res, {"replica": ("b", "b")}),
+                                                      algo)  # Dask's averaging: no such need

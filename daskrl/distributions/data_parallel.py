@@ -34,7 +34,7 @@ from dask.delayed import Delayed
 from ..algorithm import Algorithm, Batch, LearnerOutput, require
 from ..checkpoint import weights_sha256
 from ..fragment import Fragment
-from ..graph import task
+from ..graph import Placement, task
 from ..resources import Resources
 from ..roles import (
     TaskContext,
@@ -268,6 +268,17 @@ class DataParallel:
                          algo.num_actors),
                 Fragment(gather, "learner", algo.resources_for("learner"))]
 
+    def check_placement(self, placement: Placement, algo: Algorithm) -> None:
+        """Raise ``ValueError`` when ``allreduce=torch`` replicas would share a worker (they
+        all run at once, one process-group rank each). The driver calls it when it places
+        the fragments, so after a lost worker it waits for a replacement."""
+        workers = [placement.worker("replica", r) for r in range(algo.num_actors)]
+        if self.allreduce == "torch" and len(set(workers)) < len(workers):
+            raise ValueError(
+                f"data-parallel:allreduce=torch needs {algo.num_actors} replicas on "
+                f"different workers, got {workers}: start more workers offering "
+                f"{placement.resources['replica']} or lower --num-actors")
+
     def gradient_steps(self, algo: Algorithm) -> int:
         """Backward passes per update, asked of a learner built once on the driver."""
         if id(algo) not in self._steps:
@@ -286,11 +297,7 @@ class DataParallel:
         if self.allreduce == "torch":
             from .torch_allreduce import replica_torch
 
-            if len(set(workers)) < len(workers):
-                raise ValueError(
-                    f"data-parallel:allreduce=torch needs {algo.num_actors} replicas on "
-                    f"different workers, got {workers}: start more workers offering "
-                    f"{res} or lower --num-actors")
+            self.check_placement(place, algo)
             return [task(replica_torch, ctxs[r], algo, inputs.learner_in, tuple(workers),
                          role="replica", replica=r, iteration=k, run=run, resources=res,
                          worker=workers[r]) for r in range(algo.num_actors)]

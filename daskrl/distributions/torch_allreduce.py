@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..algorithm import Algorithm, LearnerOutput
+from ..failures import PeerLost
 from ..roles import TaskContext
 from .data_parallel import _finish, _start, unflatten_into
 
@@ -69,7 +70,10 @@ def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
 
     def average(grads: list[torch.Tensor]) -> None:
         flat = torch.cat([g.detach().reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        try:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        except RuntimeError as exc:  # gloo/NCCL: a replica's worker is gone or hangs
+            raise PeerLost(f"data-parallel:allreduce=torch: a replica is gone ({exc})") from None
         unflatten_into(flat / world, grads)
 
     metrics = learner.update([batch], ctx.iteration / ctx.num_iterations, grad_hook=average)
