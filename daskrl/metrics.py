@@ -7,6 +7,7 @@ import json
 import math
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ class _Scalars:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.rows: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self.rows: queue.SimpleQueue[tuple[float, dict[str, Any]] | None] = (
+            queue.SimpleQueue())
         self.thread: threading.Thread | None = None
 
     def write(self, row: dict[str, Any]) -> None:
@@ -90,24 +92,26 @@ class _Scalars:
             self.thread = threading.Thread(target=self._run, name="daskrl-tensorboard",
                                            daemon=True)
             self.thread.start()
-        self.rows.put(row)
+        self.rows.put((time.time(), row))
 
     def _run(self) -> None:
         try:
+            from tensorboard.compat.proto.event_pb2 import Event
             from tensorboard.compat.proto.summary_pb2 import Summary
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:  # the tensorboard package is optional
             while self.rows.get() is not None:
                 pass
             return
-        writer = SummaryWriter(log_dir=str(self.folder))
-        while (row := self.rows.get()) is not None:
-            step = int(row.get("env_steps", row.get("iteration", 0)))
+        writer = EventFileWriter(str(self.folder))
+        while (item := self.rows.get()) is not None:
+            wall, row = item
             values = [Summary.Value(tag=key if "/" in key else f"charts/{key}",
                                     simple_value=value)
                       for key, value in row.items()
                       if isinstance(value, (int, float)) and not isinstance(value, bool)]
-            writer._get_file_writer().add_summary(Summary(value=values), step)
+            step = int(row.get("env_steps", row.get("iteration", 0)))
+            writer.add_event(Event(wall_time=wall, step=step, summary=Summary(value=values)))
         writer.close()
 
     def close(self) -> None:
