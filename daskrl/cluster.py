@@ -36,7 +36,7 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     :data:`~daskrl.forkserver.WORKER_MALLOC` in their environment and
     :data:`~daskrl.forkserver.WORKER_DASK_ENV` in their config.
     """
-    # a worker process takes its nanny's config, not its environment: these go in both
+    # a worker process takes its nanny's config, not its environment
     dask.config.update(dask.config.config, dask.config.collect_env(
         {k: os.environ.get(k, v) for k, v in WORKER_DASK_ENV.items()}))
     dask.config.set({
@@ -115,7 +115,6 @@ def serve_dashboard_on_demand(scheduler: Scheduler) -> None:
 
 def _import_board() -> None:
     from distributed.dashboard import scheduler  # noqa: F401
-
 
 
 def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, float]]) -> None:

@@ -32,7 +32,8 @@ past 128 MiB of free memory (as fast as glibc's defaults, measured in
 
 WORKER_DASK_ENV: dict[str, str] = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
 """Dask settings for the workers daskrl starts, as environment variables; one already set
-in the environment daskrl runs in wins.
+in the environment daskrl runs in wins. Embedded workers get them through their nanny's
+config (:func:`daskrl.cluster.configure_dask`), batch jobs as exports in the job script.
 
 Dask's statistical profiler samples each worker's running task every 10 ms. In a tight RL
 iteration it cost ~6% here (PPO on CartPole: 27.2 -> 25.5 ms per iteration, medians of
@@ -50,9 +51,8 @@ _ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
 
 def worker_environ() -> dict[str, str]:
     """The environment Dask's nanny gives a worker process it starts, with
-    :data:`WORKER_MALLOC` instead of its allocator setting and :data:`WORKER_DASK_ENV`
-    (dask config, user files included; Dask's defaults read without importing
-    ``distributed``).
+    :data:`WORKER_MALLOC` instead of its allocator setting (dask config, user files
+    included; Dask's defaults read without importing ``distributed``).
 
     Examples
     --------
@@ -68,8 +68,7 @@ def worker_environ() -> dict[str, str]:
             dask.config.update_defaults(yaml.safe_load(defaults.read_text()))
         else:  # an unusual layout: let distributed load its own defaults
             import distributed  # noqa: F401
-    environ = {**dask.config.get(_ENVIRON_KEY, default={}), **WORKER_MALLOC,
-               **{k: os.environ.get(k, v) for k, v in WORKER_DASK_ENV.items()}}
+    environ = {**dask.config.get(_ENVIRON_KEY, default={}), **WORKER_MALLOC}
     return {k: str(v) for k, v in environ.items() if v is not None}
 
 
