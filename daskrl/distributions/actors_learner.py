@@ -125,11 +125,8 @@ class ActorsLearner:
             return last[2]
         return inputs.learner_in
 
-    def batches(self, inputs: IterationInputs) -> list[Delayed]:
-        """One rollout task per replica, or per worker when fused."""
-        return self._rollouts(inputs, self.acting_weights(inputs))
-
     def _rollouts(self, inputs: IterationInputs, acting: Any) -> list[Delayed]:
+        """One rollout task per replica, or per worker when fused, acting with ``acting``."""
         algo, place, k = inputs.algo, inputs.placement, inputs.iteration
         return [
             task(roles.rollout, inputs.context("rollout", g[0]), algo, acting, algo.num_steps,
@@ -146,22 +143,23 @@ class ActorsLearner:
             return colocated(inputs.placement, "rollout", replicas)
         return [(r,) for r in range(replicas)]
 
+    def _workers(self, inputs: IterationInputs) -> tuple[str | None, set[str | None]]:
+        """The learner's worker and the rollout replicas' workers (None: unplaced)."""
+        place = inputs.placement
+        return (place.worker("learner", 0),
+                {place.worker("rollout", r) for r in range(inputs.algo.num_actors)})
+
     def _in_learner_task(self, inputs: IterationInputs) -> bool:
         """On-policy, fused, and every rollout replica on the learner's worker."""
-        algo, place = inputs.algo, inputs.placement
-        learner_worker = place.worker("learner", 0)
-        local = learner_worker is not None and all(
-            place.worker("rollout", r) == learner_worker for r in range(algo.num_actors))
-        return local and self.fuse and not self.stale and not inputs.deterministic
+        learner, rollouts = self._workers(inputs)
+        return (learner is not None and rollouts == {learner} and self.fuse
+                and not self.stale and not inputs.deterministic)
 
     def _piped(self, inputs: IterationInputs) -> bool:
         """Stale, fused, and no rollout replica on the learner's worker (nor unplaced)."""
-        algo, place = inputs.algo, inputs.placement
-        learner_worker = place.worker("learner", 0)
-        rollout_workers = {place.worker("rollout", r) for r in range(algo.num_actors)}
+        learner, rollouts = self._workers(inputs)
         return (bool(self.stale) and self.fuse and not inputs.deterministic
-                and learner_worker is not None and None not in rollout_workers
-                and learner_worker not in rollout_workers)
+                and learner is not None and None not in rollouts and learner not in rollouts)
 
     def iterations_per_task(self, inputs: IterationInputs) -> int:
         """``iterations_per_task`` when the rollouts run inside the learner's task, or
@@ -201,7 +199,6 @@ class ActorsLearner:
                     *self._rollouts(inputs, acting), role="learner", replica=0, iteration=k,
                     run=inputs.run, resources=place.resources["learner"],
                     worker=learner_worker)
-
 
     def _piped_group(self, inputs: IterationInputs) -> Delayed:
         """``inputs.count`` stale iterations: a rollout task per rollout worker and a learner

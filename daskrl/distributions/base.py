@@ -51,7 +51,10 @@ class Distribution(Protocol):
     ``iteration`` returns a delayed ``LearnerOutput``; its key starts with ``learner``
     (``join`` for a group of piped tasks, whose learner task is keyed ``learner`` too).
     A distribution may also define ``iterations_per_task(inputs)``: how many consecutive
-    iterations it can run as one task for this placement (see :func:`iterations_per_task`).
+    iterations it can run as one task for this placement (see :func:`iterations_per_task`),
+    and ``check_placement(placement, algo)``: its own conditions on a placement, raising
+    ``ValueError`` (the driver checks them when it places the fragments, and after a lost
+    worker waits for a placement that passes).
     """
 
     name: str
