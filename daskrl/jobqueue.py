@@ -8,25 +8,22 @@ stable worker names (``cpu-0``, ``gpu-0``; ``cpu-0-1`` with several processes pe
 ``close()`` cancels every job.
 
 Settings live in :class:`~daskrl.jobqueue_spec.JobQueueSpec` (:mod:`daskrl.jobqueue_spec`),
-re-exported here with the functions that read them.
+re-exported here with the functions that read them; waiting for the jobs' workers is in
+:mod:`daskrl.jobqueue_wait` (:func:`wait_for_pools`, re-exported too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import math
 import os
 import signal
-import subprocess
 import threading
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import parse_bytes
 from dask_jobqueue.core import JobQueueCluster
 from dask_jobqueue.local import LocalJob
 from dask_jobqueue.pbs import PBSJob, pbs_format_bytes_ceil
@@ -46,12 +43,11 @@ from .jobqueue_spec import (
     size_pools,
     spec_from_args,
 )
+from .jobqueue_wait import squeue, wait_for_pools
 
 __all__ = ["KINDS", "JobQueueSpec", "PoolCluster", "add_jobqueue_flags", "describe",
            "job_scripts", "load_spec", "make_jobqueue_cluster", "pool_job_options",
            "size_pools", "spec_from_args", "start_pools", "wait_for_pools"]
-
-logger = logging.getLogger(__name__)
 
 
 def _restore_ctrl_c() -> None:
@@ -262,7 +258,7 @@ class PoolCluster(JobQueueCluster):
                     if getattr(job, "_proc", None) is not None and job._proc.returncode is not None]
         if self.spec.kind != "slurm":
             return []
-        live = _squeue("-o", "%i")
+        live = squeue("-o", "%i")
         if live is None:
             return []
         return [n for n, job in jobs.items() if str(job.job_id) not in live.split()]
@@ -328,72 +324,6 @@ def make_jobqueue_cluster(spec: JobQueueSpec) -> PoolCluster:
             raise RuntimeError(f"{submit} refused a job: {why[0]}") from None
         raise
     return cluster
-
-
-def wait_for_pools(client: Client, cluster: PoolCluster, timeout: str | float | None = None
-                   ) -> None:
-    """Block until every job's worker has registered with the scheduler.
-
-    Every 30 s of waiting it logs a warning naming the missing workers and their jobs' queue
-    states (e.g. ``12 PENDING (Resources)``), so a job the queue cannot place yet is visible.
-
-    Raises
-    ------
-    TimeoutError
-        Naming the missing workers, their job ids and where their logs are.
-    """
-    limit = parse_timedelta(timeout if timeout is not None else cluster.spec.start_timeout)
-    start = time.monotonic()
-    wanted = cluster.expected_workers()
-    logs = cluster.spec.log_directory or "the batch system's default output files"
-    checked = told = start
-    while True:
-        info = client.scheduler_info(n_workers=-1)["workers"]
-        missing = wanted - {str(w["name"]) for w in info.values()}
-        if not missing:
-            return
-        now = time.monotonic()
-        if now - checked > 3:
-            checked = now
-            ended = cluster.ended_jobs({_job_of(n) for n in missing})
-            if ended:
-                raise RuntimeError(f"job(s) {', '.join(ended)} ended before their worker "
-                                   f"connected: see their output in {logs}")
-        ids = cluster.job_ids()
-        jobs = sorted({ids.get(_job_of(n), "?") for n in missing})
-        if now - told >= 30 and now - start <= limit:
-            told = now
-            logger.warning("waiting %.0fs of %gs for workers %s (jobs %s)", now - start, limit,
-                           ", ".join(sorted(missing)), _queue_states(cluster.spec.kind, jobs))
-        if now - start > limit:
-            raise TimeoutError(
-                f"workers {', '.join(sorted(missing))} did not connect within {limit:g}s "
-                f"(jobs {_queue_states(cluster.spec.kind, jobs)}): see their output in {logs}, "
-                "or raise start_timeout if the queue is busy")
-        time.sleep(0.5)
-
-
-def _job_of(worker: str) -> str:
-    return "-".join(worker.split("-")[:2])
-
-
-def _squeue(*args: str) -> str | None:
-    """``squeue -h ARGS`` output, or None when squeue cannot answer."""
-    try:
-        out = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def _queue_states(kind: str, job_ids: Sequence[str]) -> str:
-    """``"12 PENDING (Resources), 13 RUNNING"`` from ``squeue``; the bare ids elsewhere."""
-    known = [j for j in job_ids if j.isdigit()]
-    out = _squeue("-j", ",".join(known), "-o", "%i %T (%r)") if kind == "slurm" and known \
-        else None
-    lines = [line.strip() for line in (out or "").splitlines() if line.strip()]
-    return ", ".join(lines or job_ids)
 
 
 def start_pools(spec: JobQueueSpec, algo: Any = None, distribution: Any = None,
