@@ -1,22 +1,19 @@
-"""GAE and PPO maths against hand-computed values; the vector-env actor against a replay."""
+"""GAE and PPO maths against hand-computed values, hand-written gradients against autograd."""
 
 from __future__ import annotations
 
 import math
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.gae import gae
 from daskrl.algos.networks import DiscreteActorCritic, FlatParameters
 from daskrl.algos.optim import FlatAdam
 from daskrl.algos.ppo import PPOHyper, normalize, policy_loss, ppo_loss, ppo_update, value_loss
 from daskrl.algos.ppo_grads import ppo_grads, supports
-from daskrl.envs import make_vector_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -315,114 +312,3 @@ def test_flat_adam_steps_like_torch_adam_and_resumes_from_its_state():
         torch.testing.assert_close(a, b, msg=name)
     with pytest.raises(ValueError, match="one state per parameter"):
         opt.load_state_dict(ref_opt.state_dict())
-
-
-# --------------------------------------------------------------------------- VecEnvActor
-
-
-def replay(env_id, num_envs, seed, batches):
-    """Re-run the actor's rollouts on a fresh vector env, taking actions from the batches.
-
-    Returns per rollout: ``rows`` ((t, env) of each batch entry), the episode returns and
-    lengths, and every step's ``(obs, reward, terminated, done, valid, next_obs)``.
-    """
-    env = make_vector_env(env_id, num_envs, seed)
-    obs, _ = env.reset(seed=seed)
-    prev_done = np.zeros(num_envs, bool)
-    ep_ret, ep_len = np.zeros(num_envs), np.zeros(num_envs, int)
-    expected = []
-    for batch in batches:
-        j, rows, returns, lengths, steps = 0, [], [], [], []
-        for t in range(batch["stats"]["rollout_steps"]):
-            valid = ~prev_done  # the step after an episode's end is a reset step
-            actions = np.zeros(num_envs, np.int64)
-            for i in np.flatnonzero(valid):
-                actions[i] = batch["actions"][j]
-                rows.append((t, i))
-                j += 1
-            before = obs
-            obs, rew, term, trunc, _ = env.step(actions)
-            done = term | trunc
-            ep_ret += rew * valid
-            ep_len += valid
-            for i in np.flatnonzero(done & valid):
-                returns.append(ep_ret[i])
-                lengths.append(int(ep_len[i]))
-                ep_ret[i], ep_len[i] = 0, 0
-            steps.append((before, rew, term, done, valid, obs))
-            prev_done = done
-        assert j == len(batch["actions"])
-        expected.append((rows, returns, lengths, steps))
-    env.close()
-    return expected
-
-
-def expected_advantages(steps, net, gamma, lam):
-    """GAE written per env from the replayed steps (independent of the actor's buffers)."""
-    value = lambda o: net.value(torch.as_tensor(o, dtype=torch.float32)).detach().numpy()  # noqa: E731
-    T, N = len(steps), len(steps[0][1])
-    adv = np.zeros((T, N))
-    for i in range(N):
-        acc = 0.0
-        for t in reversed(range(T)):
-            before, rew, term, done, valid, after = steps[t]
-            v, v_next = value(before[i:i + 1])[0], value(after[i:i + 1])[0]
-            delta = rew[i] + gamma * v_next * (not term[i]) - v
-            acc = delta + (0.0 if done[i] else gamma * lam * acc)
-            adv[t, i] = acc
-    return adv
-
-
-@pytest.mark.parametrize("env_id, limit", [("CartPole-v1", None), ("daskrl-test/Short-v0", 8)])
-def test_vec_env_actor_drops_reset_steps_and_matches_a_replay(env_id, limit):
-    if limit and env_id not in gym.registry:
-        gym.register(env_id, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
-                     max_episode_steps=limit)
-    num_envs, seed, gamma, lam = 4, 123, 0.97, 0.9
-    actor = VecEnvActor(env_id, num_envs, seed, (16, 16), gamma, lam)
-    batches = []
-    # rollouts continue episodes across their boundaries; the third reuses the first's buffers
-    for num_steps in (37, 50, 37, 23):
-        batch = actor.rollout(num_steps)
-        batch["num_steps"] = num_steps
-        batches.append(batch)
-    expected = replay(env_id, num_envs, seed, batches)
-    resets = 0
-    for batch, (rows, returns, lengths, steps) in zip(batches, expected, strict=True):
-        stats = batch["stats"]
-        n = stats["env_steps"]
-        assert len(steps) == stats["rollout_steps"] >= batch["num_steps"]
-        # one entry per real transition: reset steps are not in the batch ...
-        assert n == len(rows) == sum(int(s[4].sum()) for s in steps)
-        # ... and the envs stepped on until there were num_steps per env, and no longer
-        target = batch["num_steps"] * num_envs
-        assert n >= target
-        assert (len(steps) == batch["num_steps"]
-                or sum(int(s[4].sum()) for s in steps[:-1]) < target)
-        assert stats["env_s"] > 0 and stats["inference_s"] > 0
-        assert all(len(batch[k]) == n for k in ("obs", "actions", "logp", "values",
-                                                "advantages", "returns"))
-        resets += len(steps) * num_envs - n
-        np.testing.assert_array_equal(batch["obs"], np.stack([steps[t][0][i] for t, i in rows]))
-        assert stats["episode_lengths"] == lengths and len(lengths) > 0
-        assert stats["episode_returns"] == pytest.approx(returns)
-        assert stats["episode_returns"] == pytest.approx(lengths)  # CartPole: reward 1 per step
-        if limit:
-            assert max(lengths) <= limit and limit in lengths  # some episodes were truncated
-        adv = expected_advantages(steps, actor.net, gamma, lam)
-        np.testing.assert_allclose(batch["advantages"], [adv[t, i] for t, i in rows],
-                                   rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(batch["returns"], batch["advantages"] + batch["values"],
-                                   rtol=1e-5, atol=1e-5)
-    assert resets > 0
-    actor.close()
-
-
-def test_vec_env_actor_is_reproducible_from_its_seed():
-    a, b = (VecEnvActor("CartPole-v1", 2, seed=7, hidden=(8, 8)) for _ in range(2))
-    b.set_weights(a.net.state_dict(), version=0)
-    a.set_weights(a.net.state_dict(), version=0)
-    ba, bb = a.rollout(30), b.rollout(30)
-    for key in ("obs", "actions", "advantages"):
-        np.testing.assert_array_equal(ba[key], bb[key])
-    assert ba["stats"]["policy_version"] == 0
