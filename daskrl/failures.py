@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+from distributed import Reschedule
 
 _ATTR = "daskrl_failure"
 
@@ -47,6 +48,8 @@ class Call:
             deterministic_torch()
         try:
             return self.fn(*args, **kwargs)
+        except Reschedule:  # not a failure: the task is sent again
+            raise
         except Exception as exc:
             if not hasattr(exc, _ATTR):  # the innermost fragment's call is the useful one
                 setattr(exc, _ATTR, _pack(self.fn, self.key, args, kwargs, exc))

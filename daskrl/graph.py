@@ -40,7 +40,8 @@ def task(
     ``worker`` pins the task to a worker *name* (names survive restarts), so the replica stays
     where its state lives and is not stolen away from it. The pin is strict: a loose one
     would also relax the resource restriction. When a pinned worker leaves, the driver
-    plans placement again and resubmits.
+    plans placement again and resubmits. Earlier iterations take precedence: of two tasks
+    ready on a worker at once, the one of the earlier iteration runs first.
 
     Examples
     --------
@@ -49,7 +50,7 @@ def task(
     >>> d.key, d.compute(scheduler="sync")
     ('learner-0-it0-r', 2)
     """
-    annotations: dict[str, Any] = {"resources": resources.to_dask()}
+    annotations: dict[str, Any] = {"resources": resources.to_dask(), "priority": -iteration}
     if worker is not None:
         annotations.update(workers=[worker])
     key = task_key(role, replica, iteration, run)

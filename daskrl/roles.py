@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .algorithm import Actor, Algorithm, Batch, LearnerOutput, require
-from .state import drop_key, resident, worker_name
+from .state import drop_key, in_turn, resident, worker_name
 
 T = TypeVar("T")
 
@@ -34,6 +34,9 @@ class TaskContext:
     gpu: float = 0
     deterministic: bool = False
     env_retries: int = 0
+    after: int | None = None
+    """For a rollout: the iteration whose rollout of the same envs must run first on this
+    worker (one-step-stale rollouts of consecutive iterations can be ready at once)."""
 
     def replica_seed(self, salt: int = 0) -> int:
         """A seed for (run seed, replica, salt), independent across replicas.
@@ -121,6 +124,7 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
     """Role ``rollout``: step this replica's resident envs with the latest weights.
 
     With ``replicas`` (more than one), the co-located replicas run fused as one actor.
+    Rollouts of one actor run one at a time, after ``ctx.after``'s when it is set.
     """
     ident = replicas if len(replicas) > 1 else ctx.replica
 
@@ -129,7 +133,9 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
         actor.set_weights(learner_in.weights, learner_in.version)
         return actor, actor.rollout(steps), built
 
-    (actor, batch, built), retries = with_env_retries(ctx, (ctx.run, "rollout", ident), collect)
+    key = (ctx.run, "rollout", ident)
+    with in_turn(key, ctx.iteration, ctx.after):
+        (actor, batch, built), retries = with_env_retries(ctx, key, collect)
     label = "+".join(map(str, replicas)) if len(replicas) > 1 else ctx.replica
     batch["stats"].update(worker=worker_name(), built=built, replica=label, env_retries=retries)
     keep_snapshot(ctx, actor, "rollout", ident, batch["stats"])

@@ -8,8 +8,11 @@ that does not hold them (a fresh or replacement worker). They live on the
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections.abc import Callable, Hashable
+import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -17,6 +20,10 @@ T = TypeVar("T")
 _LOCAL: dict[Hashable, Any] = {}  # used outside a Dask worker (synchronous scheduler)
 _LOCK = threading.Lock()
 _ATTR = "_daskrl_resident"
+TURN_WAIT_S = 120.0
+"""How long :func:`in_turn` waits for an earlier iteration that has not run."""
+TURN_RETRY_S = 0.005
+"""Pause before a task out of turn goes back to the scheduler."""
 
 
 def _store(worker: Any = None) -> dict[Hashable, Any]:
@@ -113,3 +120,50 @@ def drop_run(run: str, dask_worker: Any = None) -> int:
         for k in keys:
             _close(store.pop(k))
     return len(keys)
+
+
+
+class _Turns:
+    """The latest iteration of one resident object that ran on this worker."""
+
+    def __init__(self) -> None:
+        self.done: int | None = None
+        self.since: dict[int, float] = {}  # iteration -> when it first came out of turn
+
+
+@contextmanager
+def in_turn(key: tuple[Hashable, ...], iteration: int, after: int | None,
+            wait_s: float = TURN_WAIT_S) -> Iterator[None]:
+    """Run the body as iteration ``iteration`` of the resident object ``key`` once
+    iteration ``after`` of it ran on this worker (at once when ``after`` is None).
+
+    Two tasks that step the same envs (one-step-stale rollouts of consecutive iterations)
+    can be ready at once, and a worker may start the later one first. A task that comes
+    out of turn hands itself back to the scheduler (``distributed.Reschedule``), which
+    frees its thread and resources for the earlier one and sends it again. If iteration
+    ``after`` has not run within ``wait_s`` (it was lost with its run), the body runs
+    anyway, with a note on stderr. Outside a Dask worker tasks run in order: no check.
+
+    Examples
+    --------
+    >>> with in_turn(("doc", "rollout", 0), 0, None):
+    ...     pass
+    >>> with in_turn(("doc", "rollout", 0), 1, after=0):  # iteration 0 ran: in turn
+    ...     pass
+    >>> drop_run("doc")
+    1
+    """
+    turns, _ = resident((*key, "turn"), _Turns)
+    if after is not None and (turns.done is None or turns.done < after) and (
+            worker_name() != "local"):
+        since = turns.since.setdefault(iteration, time.monotonic())
+        if time.monotonic() - since < wait_s:
+            from distributed import Reschedule
+
+            time.sleep(TURN_RETRY_S)  # the earlier one may still be on its way
+            raise Reschedule()
+        print(f"daskrl: {key}: iteration {after} did not run within {wait_s:.0f} s; "
+              f"running iteration {iteration} without it", file=sys.stderr)
+    turns.since.pop(iteration, None)
+    yield
+    turns.done = iteration if turns.done is None else max(turns.done, iteration)

@@ -108,6 +108,9 @@ def test_iteration_keys_and_annotations_on_the_scheduler(
     fut = client.compute(graph)
     try:
         view = wait_for_tasks(client, run, 2 + len(rollouts))
+        first_priority = client.run_on_scheduler(
+            lambda dask_scheduler: {k: ts.priority[0] for k, ts in dask_scheduler.tasks.items()
+                                    if run in k})
     finally:
         if not fuse:
             # several rollout tasks queued on one worker invite work stealing, which moves
@@ -117,6 +120,8 @@ def test_iteration_keys_and_annotations_on_the_scheduler(
         Event(event).set()
     addr = worker_addresses(client)
     assert sorted(view) == sorted([f"gate-{event}", learner, *rollouts])
+    # earlier iterations first: Dask's priority tuple starts with minus the annotation
+    assert {first_priority[key] for key in [learner, *rollouts]} == {k}
     for key in rollouts:
         res, workers, loose, prefix, deps, state = view[key]
         assert key_split(key) == prefix == "rollout"

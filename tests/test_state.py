@@ -7,6 +7,7 @@ GPU: 1}); one test adds and retires a third worker, another resumes on a new clu
 from __future__ import annotations
 
 import csv
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from daskrl.checkpoint import load_latest
 from daskrl.cluster import local_cluster, worker_resources
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.driver import RunSettings, initial_output, train
-from daskrl.state import drop_run, worker_name
+from daskrl.state import drop_run, in_turn, worker_name
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -92,6 +93,29 @@ def test_resident_state_lives_on_each_worker(cluster_gpu_client):
     dropped = [client.submit(drop_run, run, workers=[w], pure=False).result()
                for w in ("w0", "w1", "w0")]
     assert dropped == [1, 1, 0]
+
+
+def test_a_task_out_of_turn_runs_after_the_earlier_iteration(cluster_gpu_client):
+    """Two iterations' tasks stepping the same resident envs: the later one, ready first,
+    hands its worker's CPU back to the scheduler until the earlier one ran; one whose
+    earlier iteration never comes runs after ``wait_s``."""
+    client = cluster_gpu_client
+    run = uuid.uuid4().hex[:8]
+
+    def step(iteration, after, *_, wait_s=60.0):
+        with in_turn((run, "rollout", 0), iteration, after, wait_s=wait_s):
+            log, _ = resident((run, "log"), list)
+            log.append(iteration)
+            return list(log)
+
+    pin = {"workers": ["w0"], "resources": {"CPU": 1}, "pure": False}
+    gate = client.submit(time.sleep, 1.0, workers=["w1"], pure=False)
+    first = client.submit(step, 0, None, gate, **pin)  # waits for the gate
+    second = client.submit(step, 1, 0, **pin)  # ready at once, but must follow iteration 0
+    assert second.result() == [0, 1] and first.result() == [0]
+    lost = client.submit(step, 5, 4, wait_s=0.5, **pin)  # iteration 4 never runs
+    assert lost.result() == [0, 1, 5]
+    assert client.submit(drop_run, run, workers=["w0"], pure=False).result() == 2
 
 
 # --------------------------------------------------------------------------- training

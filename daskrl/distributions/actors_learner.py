@@ -14,7 +14,9 @@ run while the learner updates on iteration ``k``'s batch: they take the weights 
 iteration ``k - 1``, one update old (IMPALA-style one-step-stale acting; PPO's ratio is
 then taken against the policy that acted). The learner is placed on another worker than
 the rollouts when there is one, and the embedded cluster starts one more worker for it;
-``policy_lag`` in the metrics is how many updates old the acting weights were. Short
+``policy_lag`` in the metrics is how many updates old the acting weights were. The
+rollouts of two consecutive iterations can then be ready at once; each replica's still run
+in iteration order (:func:`daskrl.state.in_turn`), so a seed gives the same numbers. Short
 iterations run several to a group of tasks that pass batches and weights to each other
 directly (:mod:`daskrl.distributions.stale_pipe`), with the same numbers.
 """
@@ -106,30 +108,36 @@ class ActorsLearner:
             Fragment(learn, "learner", algo.resources_for("learner"), apart_from=apart),
         ]
 
-    def acting_weights(self, inputs: IterationInputs) -> Any:
-        """What the first rollout of ``inputs.iteration`` acts with, or :data:`CARRIED`.
+    def acting_weights(self, inputs: IterationInputs) -> tuple[Any, int | None]:
+        """What the first rollout of ``inputs.iteration`` acts with, or :data:`CARRIED`;
+        and the iteration whose rollouts must run before it, if any.
 
-        On-policy, ``inputs.learner_in``. With ``stale=1``, the weights one update older
-        than ``inputs.learner_in`` (the previous iteration's input) when that iteration was
-        the last one built in this run; :data:`CARRIED` when the group of iterations built
-        last also collected this iteration's batches (they travel in
+        On-policy, ``inputs.learner_in`` (and None: each rollout already waits for the
+        update after the one before). With ``stale=1``, the weights one update older than
+        ``inputs.learner_in`` (the previous iteration's input) when that iteration was the
+        last one built in this run, and that iteration (its rollouts and these can be ready
+        at once; the workers run them in order); :data:`CARRIED` when the group of
+        iterations built last also collected this iteration's batches (they travel in
         ``LearnerOutput.carried``); else (the first iteration, a resubmission after a lost
         worker) ``inputs.learner_in`` itself. Call once per graph, in order.
         """
         if not self.stale:
-            return inputs.learner_in
+            return inputs.learner_in, None
         last = self._last
         after = CARRIED if inputs.count > 1 else inputs.learner_in
         self._last = (inputs.run, inputs.iteration + inputs.count, after)
         if last is not None and last[:2] == (inputs.run, inputs.iteration):
-            return last[2]
-        return inputs.learner_in
+            return last[2], inputs.iteration - 1
+        return inputs.learner_in, None
 
-    def _rollouts(self, inputs: IterationInputs, acting: Any) -> list[Delayed]:
-        """One rollout task per replica, or per worker when fused, acting with ``acting``."""
+    def _rollouts(self, inputs: IterationInputs, acting: Any, after: int | None
+                  ) -> list[Delayed]:
+        """One rollout task per replica, or per worker when fused, acting with ``acting``
+        once the rollouts of iteration ``after`` (if not None) ran on their workers."""
         algo, place, k = inputs.algo, inputs.placement, inputs.iteration
         return [
-            task(roles.rollout, inputs.context("rollout", g[0]), algo, acting, algo.num_steps,
+            task(roles.rollout, dataclasses.replace(inputs.context("rollout", g[0]), after=after),
+                 algo, acting, algo.num_steps,
                  g if len(g) > 1 else (), role="rollout", replica=g[0],
                  iteration=k, run=inputs.run, resources=place.resources["rollout"],
                  worker=place.worker("rollout", g[0]))
@@ -190,13 +198,13 @@ class ActorsLearner:
                                  "rollouts inside the learner's task, or stale=1 with the "
                                  "learner on a worker of its own")
             return self._piped_group(inputs)
-        acting = self.acting_weights(inputs)
+        acting, after = self.acting_weights(inputs)
         if acting is CARRIED:  # the group before collected this iteration's batches
             return task(learn_carried, inputs.context("learner", 0), algo, inputs.learner_in,
                         role="learner", replica=0, iteration=k, run=inputs.run,
                         resources=place.resources["learner"], worker=learner_worker)
         return task(learn, inputs.context("learner", 0), algo, inputs.learner_in,
-                    *self._rollouts(inputs, acting), role="learner", replica=0, iteration=k,
+                    *self._rollouts(inputs, acting, after), role="learner", replica=0, iteration=k,
                     run=inputs.run, resources=place.resources["learner"],
                     worker=learner_worker)
 
@@ -205,7 +213,7 @@ class ActorsLearner:
         task, running at once and passing batches and weights directly
         (:mod:`~daskrl.distributions.stale_pipe`), joined on the learner's worker."""
         algo, place, k, run = inputs.algo, inputs.placement, inputs.iteration, inputs.run
-        acting = self.acting_weights(inputs)
+        acting, _ = self.acting_weights(inputs)  # a group runs after the task before it
         carried = acting is CARRIED
         older = None if carried or acting is inputs.learner_in else acting
         groups = self._groups(inputs)
