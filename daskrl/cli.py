@@ -303,10 +303,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
-    early = _early_cluster(argv)
+    from .forkserver import imports_without_gc
+
+    with imports_without_gc():  # torch, Dask and the graph: the start-up's bulk
+        early = _early_cluster(argv)
     try:
         path = _graph_path(argv)
-        module = load_graph(path) if path else None
+        with imports_without_gc():
+            module = load_graph(path) if path else None
         args = _parser(module).parse_args(argv)
         if args.command == "train":
             return cmd_train(args, module, early)

@@ -1,0 +1,21 @@
+"""What the worker fork server imports before it forks any worker.
+
+:func:`daskrl.forkserver.worker_forkserver` names this module as the server's only preload.
+It sets the environment Dask's nanny gives a worker (:func:`~daskrl.forkserver.
+worker_environ`, read before torch and numpy load their thread pools), then imports
+:data:`~daskrl.forkserver.WORKER_PRELOAD` with the garbage collector paused
+(:func:`~daskrl.forkserver.imports_without_gc`): every worker forked afterwards starts
+with both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from .forkserver import WORKER_PRELOAD, imports_without_gc, worker_environ
+
+os.environ.update(worker_environ())
+with imports_without_gc():
+    for _name in WORKER_PRELOAD:
+        importlib.import_module(_name)
