@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from daskrl.cli import load_graph
 from daskrl.cluster import local_cluster
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.driver import RunSettings, place, train
+from daskrl.failures import FragmentError
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))
@@ -205,3 +208,53 @@ def test_stale_groups_pipe_batches_and_weights_and_train_exactly_as_one_per_task
             (twin,) = [(a, b) for a, b, k in rollouts
                        if k == key.replace("learner-", "rollout-")]
             assert twin[0] < stop and start < twin[1], key
+
+
+@pytest.mark.parametrize("where", ["rollout", "learner"])
+def test_a_fragment_raising_in_a_stale_group_stops_its_partner_at_once(client, tmp_path, where):
+    """An env crash (or a learner error) inside a piped group: the run stops with that one
+    error, saved from the inner fragment call, and the partner task returns at once instead
+    of waiting out the group's timeout (its worker is free right after)."""
+    base = ppo()
+
+    class Crashing:  # raises on its 4th call: inside the first group of 5 iterations
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def _count(self):
+            self.calls += 1
+            if self.calls == 4:
+                raise RuntimeError(f"{where} crashed at its 4th call")
+
+        def rollout(self, steps):
+            if where == "rollout":
+                self._count()
+            return self.inner.rollout(steps)
+
+        def update(self, batches, progress):
+            if where == "learner":
+                self._count()
+            return self.inner.update(batches, progress)
+
+    algo = dataclasses.replace(
+        base, make_actor=lambda seed: Crashing(base.make_actor(seed)),
+        make_learner=lambda seed, device: Crashing(base.make_learner(seed, device)))
+    dist = get_distribution("actors-learner:stale=1,iterations_per_task=5")
+    learner_worker = place(DaskBackend(client), algo, dist).worker("learner", 0)
+    start = time.monotonic()
+    with get_task_stream(client) as ts, pytest.raises(FragmentError, match="crashed at its 4th"):
+        train(client, algo, dist, RunSettings(out=tmp_path, steps=12 * algo.steps_per_iteration,
+                                              seed=1, eval=False, progress=False,
+                                              tensorboard=False, task_s=5.0, env_retries=0))
+    assert time.monotonic() - start < 60
+    keys = {str(r["key"]).rsplit("-", 1)[0] for r in ts.data}
+    # iteration 0 alone, then a group of iterations 1-5: iteration 3 ran inside it
+    assert {"learner-0-it0", "learner-0-it1", "rollout-0-it1"} <= keys
+    assert not keys & {"learner-0-it3", "rollout-0-it3"}
+    (saved,) = (tmp_path / "failures").glob("*.pkl")
+    assert saved.name.startswith(f"{where}-0-it3-")  # the inner call: replayable alone
+    free = client.submit(lambda: 1, workers=[learner_worker], pure=False)
+    assert free.result(timeout=15) == 1

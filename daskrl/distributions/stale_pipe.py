@@ -23,6 +23,12 @@ not drain between groups. A ``join`` task on the learner's worker hands that bat
 ``LearnerOutput.carried``; a group that starts with a carried batch skips step ``k`` on
 the rollout side. Sends and receives alternate in the same order on both ends, so the
 blocking point-to-point calls cannot deadlock.
+
+When a fragment raises (an env crash after its retries, a learner error), its task sends
+:class:`Stopped` where its partners expect the next batch or weights, and re-raises: the
+partners return at once, without an error of their own, so the run stops with the one
+error that happened (its inputs saved for ``daskrl replay`` from the inner fragment call,
+which needs no process group), and no worker thread is left waiting for a peer.
 """
 
 from __future__ import annotations
@@ -34,12 +40,25 @@ import torch.distributed as dist
 
 from .. import roles
 from ..algorithm import Algorithm, Batch, LearnerOutput
-from ..failures import PeerLost
+from ..failures import Call, PeerLost
+from ..graph import task_key
 from ..roles import TaskContext
 from .base import chained
 from .torch_allreduce import ensure_group
 
 WHO = "actors-learner:stale=1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopped:
+    """Sent in place of a batch or weights by a task whose fragment raised: the partner
+    returns without an error of its own (the raising task's error is the run's)."""
+
+    rank: int
+
+
+class _PartnerStopped(Exception):
+    """A partner task sent :class:`Stopped`."""
 
 
 def acting_copy(out: LearnerOutput) -> LearnerOutput:
@@ -61,20 +80,24 @@ def _send(obj: Any, dst: int) -> None:
 
 
 def _recv(src: int) -> Any:
+    """The next object from rank ``src``; :class:`_PartnerStopped` if it was :class:`Stopped`."""
     box: list[Any] = [None]
     try:
         dist.recv_object_list(box, src=src)
     except RuntimeError as exc:
         raise PeerLost(f"{WHO}: rank {src} of the group is gone ({exc})") from None
+    if isinstance(box[0], Stopped):
+        raise _PartnerStopped(src)
     return box[0]
 
 
 def rollout_group(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                   older: LearnerOutput | None, carried: bool, replicas: tuple[int, ...],
-                  count: int, rank: int, world: int) -> Batch:
+                  count: int, rank: int, world: int) -> Batch | None:
     """Role ``rollout``: the (fused) ``replicas``' rollouts of iterations ``k + 1`` (``k``
     unless ``carried``) to ``k + count``, each batch sent to the learner's task as soon as
-    it is collected but the last, which is returned for the next group.
+    it is collected but the last, which is returned for the next group (None when the
+    learner's task stopped the group).
 
     ``older`` is what rollout ``k`` acts with (``learner_in`` when None: the run's start).
     """
@@ -87,9 +110,18 @@ def rollout_group(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
         elif i == k + 1:
             acting = learner_in
         else:
-            acting = _recv(0)
-        batch = roles.rollout(dataclasses.replace(ctx, iteration=i), algo, acting,
-                              algo.num_steps, replicas)
+            try:
+                acting = _recv(0)
+            except _PartnerStopped:
+                return None  # the learner's error stops the run
+        step = dataclasses.replace(ctx, iteration=i)
+        try:
+            batch = Call(roles.rollout, task_key("rollout", ctx.replica, i, ctx.run))(
+                step, algo, acting, algo.num_steps, replicas)
+        except Exception:
+            if i < k + count:  # the learner waits for this batch
+                _best_effort(_send, Stopped(rank), 0)
+            raise
         if i < k + count:
             _send(batch, 0)
     return batch
@@ -104,19 +136,68 @@ def learn_group(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, ra
 
     ensure_group(ctx.run, 0, ranks + 1, "gloo", who=WHO)
     first = _carried(learner_in, ranks) if carried else []
+    k, end = ctx.iteration, ctx.iteration + count
 
     def one(it_ctx: TaskContext, current: LearnerOutput) -> LearnerOutput:
-        j = it_ctx.iteration - ctx.iteration
+        j = it_ctx.iteration - k
         if j == 0 and carried:
             batches = first
         else:
-            batches = [_recv(rank) for rank in range(1, ranks + 1)]
+            batches, stopped = [], set()
+            for rank in range(1, ranks + 1):
+                try:
+                    batches.append(_recv(rank))
+                except _PartnerStopped:
+                    stopped.add(rank)
+            if stopped:  # a rollout task raised: stop the others, return quietly
+                for rank in set(range(1, ranks + 1)) - stopped:
+                    _stop_rollout(rank, k + j + 1, k + j + 1, k, end)
+                raise _PartnerStopped(min(stopped))
         if j >= 1:  # rollout k + j + 1 acts with this update's input
             for rank in range(1, ranks + 1):
                 _send(acting_copy(current), rank)
-        return learn(it_ctx, algo, dataclasses.replace(current, carried=[]), *batches)
+        try:
+            return Call(learn, task_key("learner", 0, it_ctx.iteration, ctx.run))(
+                it_ctx, algo, dataclasses.replace(current, carried=[]), *batches)
+        except Exception:
+            for rank in range(1, ranks + 1):
+                _best_effort(_stop_rollout, rank, k + j + 1, k + j + 2 if j >= 1 else k + j + 1,
+                             k, end)
+            raise
 
-    return chained(ctx, learner_in, count, one)
+    try:
+        return chained(ctx, learner_in, count, one)
+    except _PartnerStopped:
+        return learner_in  # the rollout task's error is the run's
+
+
+def _best_effort(fn: Any, *args: Any) -> None:
+    """``fn(*args)``, unless a peer is gone: the error being raised is the one to keep."""
+    try:
+        fn(*args)
+    except PeerLost:
+        pass
+
+
+def _stop_rollout(rank: int, at: int, weights_for: int, k: int, end: int) -> None:
+    """Make rollout task ``rank`` of group ``k .. end`` return: it is at step ``at`` (has
+    sent the batches before it) and has the weights of the steps before ``weights_for``.
+
+    A step from ``k + 2`` on waits for its weights: it gets :class:`Stopped` instead. A step
+    with its weights acts and sends its batch (but the last), which is taken first.
+    """
+    i = at
+    while i <= end:
+        if i >= k + 2 and i >= weights_for:
+            _send(Stopped(0), rank)
+            return
+        if i == end:
+            return  # it returns its last batch by itself
+        try:
+            _recv(rank)  # batch i
+        except _PartnerStopped:
+            return
+        i += 1
 
 
 def join(learner_out: LearnerOutput, *batches: Batch) -> LearnerOutput:
