@@ -75,6 +75,7 @@ def imports_without_gc() -> Iterator[None]:
         if was_enabled:
             gc.enable()
 
+
 _ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
 
 

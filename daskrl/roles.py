@@ -124,7 +124,8 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
     """Role ``rollout``: step this replica's resident envs with the latest weights.
 
     With ``replicas`` (more than one), the co-located replicas run fused as one actor.
-    Rollouts of one actor run one at a time, after ``ctx.after``'s when it is set.
+    With ``ctx.after`` set, it runs once that iteration's rollout of the same envs ran on
+    this worker (:func:`~daskrl.state.in_turn`).
     """
     ident = replicas if len(replicas) > 1 else ctx.replica
 

@@ -122,7 +122,6 @@ def drop_run(run: str, dask_worker: Any = None) -> int:
     return len(keys)
 
 
-
 class _Turns:
     """The latest iteration of one resident object that ran on this worker."""
 

@@ -1,8 +1,9 @@
 """What the worker fork server imports before it forks any worker.
 
 :func:`daskrl.forkserver.worker_forkserver` names this module as the server's only preload.
-It sets the environment Dask's nanny gives a worker (:func:`~daskrl.forkserver.
-worker_environ`, read before torch and numpy load their thread pools), then imports
+It sets the environment Dask's nanny gives a worker
+(:func:`~daskrl.forkserver.worker_environ`, read when torch and numpy load their thread
+pools, so before they are imported), then imports
 :data:`~daskrl.forkserver.WORKER_PRELOAD` with the garbage collector paused
 (:func:`~daskrl.forkserver.imports_without_gc`): every worker forked afterwards starts
 with both.
