@@ -4,6 +4,8 @@ Objects are keyed by ``(run, role, replica)``, created lazily by a factory the f
 task on a worker asks for them, and rebuilt from their seeds when a replica lands on a worker
 that does not hold them (a fresh or replacement worker). They live on the
 ``distributed.Worker`` object, never in ``worker.data`` (which Dask spills and moves).
+Tasks of consecutive iterations that step the same object take it in iteration order
+(:func:`in_turn`).
 """
 
 from __future__ import annotations
