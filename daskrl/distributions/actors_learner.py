@@ -124,8 +124,8 @@ class ActorsLearner:
         if not self.stale:
             return inputs.learner_in, None
         last = self._last
-        after = CARRIED if inputs.count > 1 else inputs.learner_in
-        self._last = (inputs.run, inputs.iteration + inputs.count, after)
+        acts_next = CARRIED if inputs.count > 1 else inputs.learner_in
+        self._last = (inputs.run, inputs.iteration + inputs.count, acts_next)
         if last is not None and last[:2] == (inputs.run, inputs.iteration):
             return last[2], inputs.iteration - 1
         return inputs.learner_in, None

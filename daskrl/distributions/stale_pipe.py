@@ -151,7 +151,7 @@ def learn_group(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, ra
                     stopped.add(rank)
             if stopped:  # a rollout task raised: stop the others, return quietly
                 for rank in set(range(1, ranks + 1)) - stopped:
-                    _stop_rollout(rank, k + j + 1, k + j + 1, k, end)
+                    _best_effort(_stop_rollout, rank, k + j + 1, k + j + 1, k, end)
                 raise _PartnerStopped(min(stopped))
         if j >= 1:  # rollout k + j + 1 acts with this update's input
             for rank in range(1, ranks + 1):
