@@ -1,31 +1,68 @@
-"""``daskrl`` command line: train a graph script, render its task graph."""
+"""``daskrl`` command line: train a graph script, render its task graph.
+
+Run flags (``--distribution``, ``--steps``, ...) are argparse's; a graph script's ``Config``
+dataclass becomes the remaining flags through :func:`tyro.cli`, so every type a field may hold
+(bool as ``--x/--no-x``, tuples, lists, ``Literal``, ``Optional``) is a flag, with the field's
+docstring (or :func:`daskrl.setting` text) as its help. The graph script may stand anywhere on
+the line; flags are never abbreviated; bad input ends with one ``daskrl: error:`` line on
+stderr and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import difflib
 import importlib.util
+import io
 import os
+import re
 import signal
 import sys
 import threading
 import time
 import types
+import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from .resources import parse_role_resources
+
+T = TypeVar("T")
+
+GRAPH_COMMANDS = ("train", "graph")
+"""The commands that take a graph script, and with it the flags of its ``Config``."""
 
 
 class UserError(Exception):
     """Bad input: reported as one line on stderr with a non-zero exit."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one :class:`UserError` line (argparse prints usage too)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
 def load_graph(path: str) -> types.ModuleType:
     """Import a graph script by path; it must define ``Config`` and ``build(config)``.
 
     The module is pickled by value, so workers need not have the script on their path.
+
+    Raises
+    ------
+    UserError
+        When the file is missing, not Python, or lacks ``Config``/``build``.
+
+    Examples
+    --------
+    >>> load_graph("no_such_graph.py")
+    Traceback (most recent call last):
+    ...
+    daskrl.cli.UserError: graph script 'no_such_graph.py' not found: pass a path like graphs/ppo.py
     """
     file = Path(path)
     if not file.is_file():
@@ -49,114 +86,383 @@ def load_graph(path: str) -> types.ModuleType:
     return module
 
 
-def _flag_type(tp: Any) -> Any:
-    tp = {"int": int, "float": float, "str": str, "bool": bool}.get(tp, tp) if isinstance(
-        tp, str) else tp
-    return tp
+# --------------------------------------------------------------------------- graph flags
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config_cls: type) -> None:
-    """One ``--flag`` per field of the graph's ``Config`` dataclass."""
-    group = parser.add_argument_group(f"{config_cls.__module__.removeprefix('daskrl_graph_')} "
-                                      "settings")
+def flag_class(config_cls: type) -> type:
+    """The dataclass whose flags :func:`tyro.cli` builds for ``config_cls``.
+
+    tyro reads help text from field docstrings; fields written with :func:`daskrl.setting`
+    keep theirs in ``metadata["help"]``, so a subclass re-declares just those fields with the
+    text as ``tyro.conf.arg(help=...)``. Docstrings of the other fields are still found
+    through the subclass's bases. Without such fields, ``config_cls`` itself.
+
+    Examples
+    --------
+    >>> from daskrl import setting
+    >>> @dataclasses.dataclass
+    ... class Config:
+    ...     num_envs: int = setting("envs per replica", 8)
+    >>> flag_class(Config) is Config, issubclass(flag_class(Config), Config)
+    (False, True)
+    """
+    import tyro
+
+    hints = typing.get_type_hints(config_cls, include_extras=True)
+    redeclared = []
     for f in dataclasses.fields(config_cls):
-        flag = "--" + f.name.replace("_", "-")
-        tp = _flag_type(f.type)
-        text = f.metadata.get("help", "")
-        if tp is bool:
-            group.add_argument(flag, dest=f.name, default=f.default,
-                               action=argparse.BooleanOptionalAction, help=text)
+        text = f.metadata.get("help")
+        if not f.init or not text:
+            continue
+        default: dict[str, Any] = (
+            {"default": f.default} if f.default is not dataclasses.MISSING else
+            {"default_factory": f.default_factory}
+            if f.default_factory is not dataclasses.MISSING else {})
+        redeclared.append((f.name, typing.Annotated[hints[f.name], tyro.conf.arg(help=text)],
+                           dataclasses.field(metadata=f.metadata, **default)))
+    if not redeclared:
+        return config_cls
+    try:
+        return dataclasses.make_dataclass(config_cls.__name__, redeclared, bases=(config_cls,))
+    except TypeError:  # a frozen Config has only frozen subclasses
+        return dataclasses.make_dataclass(config_cls.__name__, redeclared, bases=(config_cls,),
+                                          frozen=True)
+
+
+def _flags_of(config_cls: type) -> set[str]:
+    """The flags tyro gives ``config_cls``'s fields (``--x``; ``--no-x`` for any, harmlessly)."""
+    names = [f.name.replace("_", "-") for f in dataclasses.fields(config_cls) if f.init]
+    return {f"--{n}" for n in names} | {f"--no-{n}" for n in names}
+
+
+def _check_flags(words: Sequence[str], config_cls: type, run_flags: Sequence[str],
+                 prog: str) -> None:
+    """Refuse a ``--flag`` that is neither a run flag nor a field of the graph's Config, with
+    the closest real flag (abbreviations end here: argparse passed them on unmatched)."""
+    known = _flags_of(config_cls)
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("--") or flag == "--" or flag.replace("_", "-") in known:
+            continue
+        close = difflib.get_close_matches(flag, sorted(known | set(run_flags)), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise UserError(f"unrecognized flag {flag}{hint} (see `{prog} --help`)")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BOX = "│┃|"
+_RULE = set("─━-═╭╮╰╯┌┐└┘+ ")
+
+
+def _one_line(text: str, prog: str) -> str:
+    """tyro's boxed error as one line: the problem, then the flag's expected form and help.
+
+    Examples
+    --------
+    >>> box = '''╭─ Value error ───────────────────────────────╮
+    ... │ Error parsing --num-envs: invalid literal   │
+    ... │ for int() with base 10: 'x'                 │
+    ... │ ─────────────────────────────────────────── │
+    ... │ Argument helptext:                          │
+    ... │     --num-envs INT                          │
+    ... │     envs per actor replica (default: 8)     │
+    ... ╰─────────────────────────────────────────────╯'''
+    >>> print(_one_line(box, "daskrl train g.py"))  # doctest: +NORMALIZE_WHITESPACE
+    --num-envs: invalid literal for int() with base 10: 'x'; expected --num-envs INT
+    (see `daskrl train g.py --help`)
+    """
+    lines = [raw.strip() for raw in _ANSI.sub("", text).splitlines() if raw.strip()]
+    boxed = bool(lines) and lines[0][0] in "╭┌"  # else plain: a title line, then a rule
+    sections: list[list[str]] = [[]]
+    for raw in _ANSI.sub("", text).splitlines():
+        line = raw.strip().strip(_BOX).strip()
+        if line and (line[0] in "╭┌╰└" or set(line) <= _RULE):  # a border or rule
+            sections.append([])
         else:
-            group.add_argument(flag, dest=f.name, type=tp, default=f.default,
-                               help=f"{text} (default: {f.default})")
+            sections[-1].append(line)
+    sections = [s for s in sections if any(s)][0 if boxed else 1:]
+    message: list[str] = []
+    for line in (sections[0] if sections else []):
+        if not line and message:
+            break  # the first paragraph says what is wrong; details follow
+        message.append(line)
+    what = re.sub(r"\s+", " ", " ".join(message)).strip().removeprefix("Error parsing ")
+    for section in sections[1:]:
+        words = [ln for ln in section if ln]
+        if len(words) >= 2 and words[0] == "Argument helptext:":
+            what = f"{what.rstrip('.')}; expected {words[1]}"
+        elif len(words) >= 2 and words[0] == "Perhaps you meant:":
+            what = f"{what.rstrip('.')}; did you mean {words[1]}?"
+    return f"{what or 'bad graph flags'} (see `{prog} --help`)"
 
 
-def _parser(graph_module: types.ModuleType | None) -> argparse.ArgumentParser:
+@contextlib.contextmanager
+def _wide_terminal() -> Any:
+    """tyro wraps its messages to the terminal's width; unwrapped, they join into one line."""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "1000"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = before
+
+
+def parse_config(config_cls: type[T], args: Sequence[str], prog: str = "daskrl") -> T:
+    """A ``config_cls`` with graph flags ``args`` (e.g. ``["--num-envs", "4"]``) applied.
+
+    Parameters
+    ----------
+    config_cls
+        A graph script's ``Config`` dataclass.
+    args
+        Its flags: ``--field-name VALUE`` (several values for tuples and lists),
+        ``--flag/--no-flag`` for booleans.
+    prog
+        The command named in error messages, e.g. ``daskrl train graphs/ppo.py``.
+
+    Raises
+    ------
+    UserError
+        One line naming the bad flag and what it expects.
+
+    Examples
+    --------
+    >>> @dataclasses.dataclass
+    ... class Config:
+    ...     hidden: tuple[int, int] = (64, 64)
+    ...     critic: typing.Literal["central", "local"] = "central"
+    ...     teams: list[str] | None = None
+    ...     anneal_lr: bool = True
+    >>> parse_config(Config, ["--hidden", "32", "16", "--critic", "local", "--teams", "a", "b",
+    ...                       "--no-anneal-lr"])
+    Config(hidden=(32, 16), critic='local', teams=['a', 'b'], anneal_lr=False)
+    >>> try:
+    ...     parse_config(Config, ["--critic", "global"], "daskrl train g.py")
+    ... except UserError as exc:
+    ...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+    invalid choice 'global' for argument '--critic'. Expected one of ('central', 'local').
+    (see `daskrl train g.py --help`)
+    """
+    import tyro
+
+    errors = io.StringIO()
+    try:
+        with _wide_terminal(), contextlib.redirect_stderr(errors):
+            parsed = tyro.cli(flag_class(config_cls), args=list(args), prog=prog)
+    except SystemExit as exc:
+        if not exc.code:
+            raise
+        raise UserError(_one_line(errors.getvalue(), prog)) from None
+    except (TypeError, ValueError) as exc:  # e.g. raised by the Config's own checks
+        raise UserError(f"{prog}: {exc}") from None
+    sys.stderr.write(errors.getvalue())  # warnings of a parse that succeeded
+    if type(parsed) is config_cls:
+        return parsed
+    try:
+        return config_cls(**{f.name: getattr(parsed, f.name)
+                             for f in dataclasses.fields(config_cls) if f.init})
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{prog}: {exc}") from None
+
+
+def graph_help(config_cls: type, prog: str) -> str:
+    """The help of ``config_cls``'s flags as tyro writes it, without its usage line.
+
+    Examples
+    --------
+    >>> @dataclasses.dataclass
+    ... class Config:
+    ...     num_envs: int = 8
+    >>> "--num-envs INT" in graph_help(Config, "daskrl train g.py")
+    True
+    """
+    import tyro
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            tyro.cli(flag_class(config_cls), args=["--help"], prog=prog)
+        except SystemExit:
+            pass
+    # tyro writes plain text to a non-terminal: a usage line, then groups as a title over a
+    # rule; the run's usage and -h come from argparse, and the caller names the group
+    lines = [ln.rstrip() for ln in out.getvalue().splitlines()
+             if not ln.lstrip().startswith(("usage:", "-h, --help"))
+             and ln.strip() not in ("options", "") and not set(ln.strip()) <= set("-─")]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- run flags
+
+
+def _parser(graph_flags_help: str | None = None
+            ) -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
+    """The run flags' parser, and each graph command's run flags (a graph's Config adds its
+    own, parsed by :func:`parse_config`; ``graph_flags_help`` ends their ``--help``)."""
     from .distributions import DISTRIBUTIONS
-    from .jobqueue import add_jobqueue_flags
+    from .jobqueue_spec import add_jobqueue_flags
 
-    parser = argparse.ArgumentParser(
-        prog="daskrl", description="Reinforcement learning as resource-annotated Dask graphs.")
+    epilog = (graph_flags_help if graph_flags_help else
+              "graph settings: `daskrl train GRAPH --help` lists the flags of GRAPH's Config")
+    names = ", ".join(sorted(DISTRIBUTIONS))
+    subparser = {"allow_abbrev": False, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    parser = _Parser(prog="daskrl", allow_abbrev=False,
+                     description="Reinforcement learning as resource-annotated Dask graphs.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a graph script on a Dask cluster",
-                           description="Train GRAPH (e.g. graphs/ppo.py) on a Dask cluster.")
-    train.add_argument("graph", help="graph script, e.g. graphs/ppo.py")
-    train.add_argument("--distribution", default="actors-learner",
-                       help="placement policy NAME[:KEY=VALUE,...], e.g. "
-                            "data-parallel:allreduce=torch; "
-                            f"names: {', '.join(sorted(DISTRIBUTIONS))}")
-    train.add_argument("--steps", type=int, default=500_000, help="env steps to train for")
-    train.add_argument("--seed", type=int, default=1, help="run seed")
-    train.add_argument("--workers", type=int, default=None,
-                       help="worker processes of the embedded cluster (default: one per "
-                            "rollout replica, plus one for the learner with "
-                            "actors-learner:stale=1, at most one per CPU core)")
-    train.add_argument("--scheduler", default=None,
-                       help="address of an existing Dask scheduler, or 'sync' to run every "
-                            "task in this process (default: an embedded cluster)")
-    train.add_argument("--tls", action="store_true",
-                       help="encrypt comms: temporary credentials for the embedded cluster, or "
-                            "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")
-    train.add_argument("--tls-ca-file", default=None, help="CA certificate (PEM)")
-    train.add_argument("--tls-cert", default=None, help="client certificate (PEM)")
-    train.add_argument("--tls-key", default=None, help="client private key (PEM)")
-    train.add_argument("--resources", action="append", default=[], metavar="ROLE=KEY:N[,KEY:N]",
-                       help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
-    train.add_argument("--out", type=Path, default=None,
-                       help="output folder (default: runs/<graph>-<time>)")
-    train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
-    train.add_argument("--report", type=Path, default=None, metavar="FILE.html",
-                       help="save Dask's performance report of the run (task stream, "
-                            "worker profiles, bandwidth)")
-    train.add_argument("--checkpoint-every", type=int, default=10,
-                       help="iterations per checkpoint (written at the end of the task that "
-                            "reaches the count, when short iterations share tasks)")
-    train.add_argument("--no-eval", dest="eval", action="store_false",
-                       help="skip the final deterministic evaluation")
-    train.add_argument("--no-progress", dest="progress", action="store_false",
-                       help="no progress bar")
-    train.add_argument("--deterministic", action="store_true",
-                       help="bit-identical runs for a --seed whatever the workers (no fusion, "
-                            "one torch thread per task, actor state in checkpoints); not async")
-    train.add_argument("--env-retries", type=int, default=2,
-                       help="times a rollout whose env raised is retried on rebuilt envs")
-    add_jobqueue_flags(train)
-    if graph_module is not None:
-        add_config_flags(train, graph_module.Config)
+                           description="Train GRAPH (e.g. graphs/ppo.py) on a Dask cluster; "
+                                       "GRAPH may stand anywhere on the line.",
+                           epilog=epilog, **subparser)
+    flags: dict[str, list[str]] = {"train": [], "graph": []}
+
+    def add(parser: Any, command: str, *names: str, **kwargs: Any) -> None:
+        flags[command] += parser.add_argument(*names, **kwargs).option_strings
+
+    add(train, "train", "graph", help="graph script, e.g. graphs/ppo.py")
+    add(train, "train", "--distribution", default=None,
+        help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch "
+             f"(default: the graph's own, actors-learner for most); names: {names}")
+    add(train, "train", "--steps", type=int, default=500_000, help="env steps to train for")
+    add(train, "train", "--seed", type=int, default=1, help="run seed")
+    add(train, "train", "--workers", type=int, default=None,
+        help="worker processes of the embedded cluster (default: as many as the "
+             "distribution wants for the graph, at most one per CPU core)")
+    add(train, "train", "--scheduler", default=None,
+        help="address of an existing Dask scheduler, or 'sync' to run every task in this "
+             "process (default: an embedded cluster)")
+    add(train, "train", "--tls", action="store_true",
+        help="encrypt comms: temporary credentials for the embedded cluster, or "
+             "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")
+    add(train, "train", "--tls-ca-file", default=None, help="CA certificate (PEM)")
+    add(train, "train", "--tls-cert", default=None, help="client certificate (PEM)")
+    add(train, "train", "--tls-key", default=None, help="client private key (PEM)")
+    add(train, "train", "--resources", action="append", default=[],
+        metavar="ROLE=KEY:N[,KEY:N]",
+        help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
+    add(train, "train", "--out", type=Path, default=None,
+        help="output folder (default: runs/<graph>-<time>)")
+    add(train, "train", "--resume", action="store_true",
+        help="continue from --out's checkpoint")
+    add(train, "train", "--report", type=Path, default=None, metavar="FILE.html",
+        help="save Dask's performance report of the run (task stream, worker profiles, "
+             "bandwidth)")
+    add(train, "train", "--checkpoint-every", type=int, default=10,
+        help="iterations per checkpoint (written at the end of the task that reaches the "
+             "count, when short iterations share tasks)")
+    add(train, "train", "--no-eval", dest="eval", action="store_false",
+        help="skip the final deterministic evaluation")
+    add(train, "train", "--no-progress", dest="progress", action="store_false",
+        help="no progress bar")
+    add(train, "train", "--deterministic", action="store_true",
+        help="bit-identical runs for a --seed whatever the workers (no fusion, one torch "
+             "thread per task, actor state in checkpoints); not async")
+    add(train, "train", "--env-retries", type=int, default=2,
+        help="times a rollout whose env raised is retried on rebuilt envs")
+    flags["train"] += [s for a in add_jobqueue_flags(train) for s in a.option_strings]
     graph = sub.add_parser("graph", help="draw one iteration's task graph (.svg/.png/.pdf)",
                            description="Draw one iteration of GRAPH under a distribution: "
-                                       "tasks labelled by role, coloured by resource.")
-    graph.add_argument("graph", help="graph script, e.g. graphs/ppo.py")
-    graph.add_argument("--distribution", default="actors-learner",
-                       help="placement policy NAME[:KEY=VALUE,...], e.g. "
-                            "data-parallel:allreduce=torch; "
-                            f"names: {', '.join(sorted(DISTRIBUTIONS))}")
-    graph.add_argument("--out", type=Path, required=True, help="picture file: .svg, .png or .pdf")
-    if graph_module is not None:
-        add_config_flags(graph, graph_module.Config)
+                                       "tasks labelled by role, coloured by resource.",
+                           epilog=epilog.replace("daskrl train", "daskrl graph"), **subparser)
+    add(graph, "graph", "graph", help="graph script, e.g. graphs/ppo.py")
+    add(graph, "graph", "--distribution", default="actors-learner",
+        help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch; "
+             f"names: {names}")
+    add(graph, "graph", "--out", type=Path, required=True,
+        help="picture file: .svg, .png or .pdf")
     plot = sub.add_parser("plot", help="learning-curve PNGs of a run folder",
-                          description="Write returns.png, speed.png and losses.png for a run.")
+                          description="Write returns.png, speed.png and losses.png for a run.",
+                          allow_abbrev=False)
     plot.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     plot.add_argument("--out", type=Path, default=None, help="where to write (default: run_dir)")
     prof = sub.add_parser("profile", help="where an iteration's time goes, and the bottleneck",
                           description="Break a run's iteration time into env stepping, "
-                                      "inference, learning and scheduler/transfer/idle.")
+                                      "inference, learning and scheduler/transfer/idle.",
+                          allow_abbrev=False)
     prof.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     rep = sub.add_parser("replay", help="re-run a failed task in this process",
                          description="Run the fragment call saved in OUT/failures/<task>.pkl "
                                      "again in this process (breakpoint() works), after "
                                      "printing its original traceback. The file holds pickled "
-                                     "code: replay only files from runs you trust.")
+                                     "code: replay only files from runs you trust.",
+                         allow_abbrev=False)
     rep.add_argument("file", type=Path, help="a file from a run's failures/ folder")
     rep.add_argument("--pdb", action="store_true", help="open pdb where the replay raises")
-    return parser
+    return parser, flags
+
+
+def _graph_index(argv: Sequence[str]) -> int | None:
+    """Where the graph script stands in a ``train``/``graph`` command line: the first word
+    after the command that is not a flag and names a ``.py`` file."""
+    if not argv or argv[0] not in GRAPH_COMMANDS:
+        return None
+    return next((i for i, word in enumerate(argv) if i > 0 and not word.startswith("-")
+                 and word.endswith(".py")), None)
 
 
 def _graph_path(argv: Sequence[str]) -> str | None:
-    args = list(argv)
-    if len(args) >= 2 and args[0] in ("train", "graph") and not args[1].startswith("-"):
-        return args[1]
-    return None
+    """The graph script of a ``train``/``graph`` command line, wherever it stands.
+
+    Examples
+    --------
+    >>> _graph_path(["train", "--steps", "1000", "graphs/ppo.py", "--num-envs", "4"])
+    'graphs/ppo.py'
+    >>> _graph_path(["plot", "runs/x"]) is None
+    True
+    """
+    index = _graph_index(argv)
+    return None if index is None else argv[index]
+
+
+def parse_command_line(argv: Sequence[str]
+                       ) -> tuple[argparse.Namespace, types.ModuleType | None, Any]:
+    """``(args, graph module, graph config)`` of a ``daskrl`` command line.
+
+    Run flags are argparse's; the words it does not know are the graph's ``Config`` flags
+    (:func:`parse_config`). Module and config are None for commands without a graph.
+
+    Raises
+    ------
+    UserError
+        One line naming the bad flag or value.
+
+    Examples
+    --------
+    >>> args, module, config = parse_command_line(
+    ...     ["train", "--steps", "1000", "graphs/ppo.py", "--num-envs", "4", "--no-anneal-lr"])
+    >>> args.steps, args.graph, config.num_envs, config.anneal_lr
+    (1000, 'graphs/ppo.py', 4, False)
+    """
+    from .forkserver import imports_without_gc
+
+    argv = list(argv)
+    index = _graph_index(argv)
+    if index is None:
+        args, extras = _parser()[0].parse_known_args(argv)
+        if args.command not in GRAPH_COMMANDS:
+            if extras:
+                raise UserError(f"unrecognized arguments: {' '.join(extras)} "
+                                f"(see `daskrl {args.command} --help`)")
+            return args, None, None
+        index = argv.index(args.graph)  # not a .py name: load_graph says what is wrong
+    command, path = argv[0], argv[index]
+    with imports_without_gc():  # torch and the graph: the start-up's bulk
+        module = load_graph(path)
+    prog = f"daskrl {command} {path}"
+    words = [*argv[1:index], *argv[index + 1:]]
+    wants_help = any(w in ("-h", "--help") for w in words)
+    parser, run_flags = _parser(
+        f"graph settings ({path}'s Config):\n{graph_help(module.Config, prog)}"
+        if wants_help else None)
+    args, rest = parser.parse_known_args([command, path, *words])
+    clash = sorted(_flags_of(module.Config) & set(run_flags[command]))
+    if clash:
+        raise UserError(f"{path}: Config fields give the run flag(s) {', '.join(clash)} of "
+                        f"`daskrl {command}`: rename those fields")
+    _check_flags(rest, module.Config, run_flags[command], prog)
+    return args, module, parse_config(module.Config, rest, prog)
 
 
 def _early_cluster(argv: Sequence[str]) -> Any:
@@ -176,6 +482,9 @@ def _early_cluster(argv: Sequence[str]) -> Any:
     return ClusterStart(security=True if "--tls" in flags else None)
 
 
+# --------------------------------------------------------------------------- commands
+
+
 def _security(args: argparse.Namespace) -> Any:
     if not args.tls:
         return None
@@ -190,10 +499,21 @@ def _security(args: argparse.Namespace) -> Any:
         raise UserError(str(exc)) from None
 
 
-def cmd_train(args: argparse.Namespace, module: types.ModuleType,
+def _batch_spec(args: argparse.Namespace) -> Any:
+    """The ``--cluster`` job settings of ``args``; None without ``--cluster``."""
+    from .jobqueue_spec import cluster_spec
+
+    return cluster_spec(args.cluster, args.cluster_config, queue=args.queue,
+                        walltime=args.walltime, cores=args.cores, memory=args.memory,
+                        gpus_per_job=args.gpus_per_job, cpu_jobs=args.cpu_jobs,
+                        gpu_jobs=args.gpu_jobs, job_extra=args.job_extra)
+
+
+def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
               early: Any = None) -> int:
-    """Run ``daskrl train`` (``early``: a :class:`~daskrl.cluster.ClusterStart` begun by
-    :func:`main` for the embedded cluster)."""
+    """Run ``daskrl train``: ``module``'s graph built from ``config`` (its flags, parsed by
+    :func:`parse_command_line`); ``early``: a :class:`~daskrl.cluster.ClusterStart` begun by
+    :func:`main` for the embedded cluster."""
     from distributed import Client
 
     from .backend import DaskBackend, SyncBackend
@@ -201,22 +521,21 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType,
     from .distributions import get_distribution
     from .driver import RunSettings, check_settings, train
     from .failures import FragmentError
-    from .jobqueue import describe, spec_from_args, start_pools
+    from .jobqueue import describe, start_pools
 
-    fields = {f.name for f in dataclasses.fields(module.Config)}
     try:
-        config = module.Config(**{k: v for k, v in vars(args).items() if k in fields})
-        distribution = get_distribution(args.distribution)
-        if args.deterministic and distribution.name == "async":
-            raise ValueError("--deterministic: the async distribution applies gradients in the "
-                             "order they arrive; choose a synchronous distribution")
         overrides = parse_role_resources(args.resources)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
         algo = module.build(config).with_resources(overrides)
-        wanted = getattr(distribution, "workers_wanted", lambda a: a.num_actors)(algo)
+        distribution = get_distribution(args.distribution or algo.distribution)
+        if args.deterministic and distribution.name == "async":
+            raise ValueError("--deterministic: the async distribution applies gradients in the "
+                             "order they arrive; choose a synchronous distribution")
+        distribution.check(algo)  # refuse what it cannot serve before any worker starts
+        wanted = distribution.workers_wanted(algo)
         workers = args.workers or max(1, min(os.cpu_count() or 1, wanted))
-        batch = spec_from_args(args)
+        batch = _batch_spec(args)
         if batch is not None and (args.scheduler or args.tls):
             raise ValueError("--cluster starts its own scheduler: drop --scheduler/--tls")
     except (ValueError, TypeError) as exc:
@@ -279,12 +598,18 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType,
     return 0
 
 
-def cmd_graph(args: argparse.Namespace, module: types.ModuleType) -> int:
-    """Run ``daskrl graph``: config flags that differ from their defaults are applied."""
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def cmd_graph(args: argparse.Namespace, module: types.ModuleType, config: Any) -> int:
+    """Run ``daskrl graph``: ``config``'s fields that differ from their defaults are applied."""
     from .render import render_iteration
 
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(module.Config)
-                 if getattr(args, f.name) != f.default}
+    overrides = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                 if f.init and getattr(config, f.name) != _default(f)}
     try:
         path = render_iteration(args.graph, args.distribution, args.out, overrides)
     except (ValueError, TypeError, RuntimeError) as exc:
@@ -308,14 +633,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with imports_without_gc():  # torch, Dask and the graph: the start-up's bulk
         early = _early_cluster(argv)
     try:
-        path = _graph_path(argv)
-        with imports_without_gc():
-            module = load_graph(path) if path else None
-        args = _parser(module).parse_args(argv)
+        args, module, config = parse_command_line(argv)
         if args.command == "train":
-            return cmd_train(args, module, early)
+            return cmd_train(args, module, config, early)
         if args.command == "graph":
-            return cmd_graph(args, module)
+            return cmd_graph(args, module, config)
         if args.command == "profile":
             from .profile import report
 

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,45 +198,101 @@ def size_pools(spec: JobQueueSpec, algo: Any, distribution: Any) -> JobQueueSpec
     return dataclasses.replace(spec, cpu_jobs=cpu, gpu_jobs=gpu)
 
 
-def add_jobqueue_flags(parser: argparse.ArgumentParser) -> None:
-    """``--cluster`` and the batch-job flags of ``daskrl train`` (see :func:`spec_from_args`)."""
+JOB_FLAGS = ("queue", "walltime", "cores", "memory", "gpus_per_job", "cpu_jobs", "gpu_jobs",
+             "job_extra")
+"""The spec fields that are ``daskrl train`` flags too (``--gpus-per-job``, ...)."""
+
+
+def add_jobqueue_flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """``--cluster`` and the batch-job flags of ``daskrl train``; returns their actions.
+
+    :func:`spec_from_args` reads them back.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> "--gpus-per-job" in [s for a in add_jobqueue_flags(parser) for s in a.option_strings]
+    True
+    """
     group = parser.add_argument_group("batch cluster (--cluster local|slurm|pbs)")
-    group.add_argument("--cluster", choices=KINDS, default=None,
-                       help="start workers as batch jobs: a CPU pool and, with --gpus-per-job, "
-                            "a GPU pool (default: the embedded cluster)")
-    group.add_argument("--cluster-config", default=None, metavar="FILE.yaml",
-                       help="job settings (see examples/cluster.yaml); flags override it")
-    group.add_argument("--queue", default=None, help="partition / queue of every job")
-    group.add_argument("--walltime", default=None, help="job time limit, HH:MM:SS")
-    group.add_argument("--cores", type=int, default=None, help="cores per job")
-    group.add_argument("--memory", default=None, help="memory per job, e.g. 4GB")
-    group.add_argument("--gpus-per-job", type=int, default=None,
-                       help="GPUs per GPU job (0: no GPU pool)")
-    group.add_argument("--cpu-jobs", type=int, default=None,
-                       help="CPU jobs (default: sized to the distribution)")
-    group.add_argument("--gpu-jobs", type=int, default=None,
-                       help="GPU jobs (default: sized to the distribution)")
-    group.add_argument("--job-extra", action="append", default=None, metavar="DIRECTIVE",
-                       help="extra job directive, e.g. --job-extra=--constraint=v100 (repeatable)")
+    return [
+        group.add_argument("--cluster", choices=KINDS, default=None,
+                           help="start workers as batch jobs: a CPU pool and, with "
+                                "--gpus-per-job, a GPU pool (default: the embedded cluster)"),
+        group.add_argument("--cluster-config", default=None, metavar="FILE.yaml",
+                           help="job settings (see examples/cluster.yaml); flags override it"),
+        group.add_argument("--queue", default=None, help="partition / queue of every job"),
+        group.add_argument("--walltime", default=None, help="job time limit, HH:MM:SS"),
+        group.add_argument("--cores", type=int, default=None, help="cores per job"),
+        group.add_argument("--memory", default=None, help="memory per job, e.g. 4GB"),
+        group.add_argument("--gpus-per-job", type=int, default=None,
+                           help="GPUs per GPU job (0: no GPU pool)"),
+        group.add_argument("--cpu-jobs", type=int, default=None,
+                           help="CPU jobs (default: sized to the distribution)"),
+        group.add_argument("--gpu-jobs", type=int, default=None,
+                           help="GPU jobs (default: sized to the distribution)"),
+        group.add_argument("--job-extra", action="append", default=None, metavar="DIRECTIVE",
+                           help="extra job directive, e.g. --job-extra=--constraint=v100 "
+                                "(repeatable)"),
+    ]
+
+
+def cluster_spec(kind: str | None, config: str | os.PathLike | None = None,
+                 **flags: Any) -> JobQueueSpec | None:
+    """The spec of ``--cluster KIND [--cluster-config FILE] [--queue Q ...]``; None without
+    a kind.
+
+    Parameters
+    ----------
+    kind
+        ``local``, ``slurm`` or ``pbs``; None: no batch cluster.
+    config
+        A YAML file of spec fields (``examples/cluster.yaml``).
+    **flags
+        Fields of :data:`JOB_FLAGS` given on the command line; None values are ignored, so
+        the file's (or the default) stands.
+
+    Raises
+    ------
+    ValueError
+        On a bad file or value, or a file without a kind, with one line naming it.
+
+    Examples
+    --------
+    >>> cluster_spec("slurm", None, queue="debug", cores=None).queue
+    'debug'
+    >>> cluster_spec(None) is None
+    True
+    """
+    unknown = sorted(set(flags) - set(JOB_FLAGS))
+    if unknown:
+        raise ValueError(f"unknown cluster flag(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(JOB_FLAGS)}")
+    if kind is None:
+        if config:
+            raise ValueError("--cluster-config needs --cluster local|slurm|pbs")
+        return None
+    return load_spec(config, {**flags, "kind": kind})
 
 
 def spec_from_args(args: argparse.Namespace) -> JobQueueSpec | None:
-    """The spec the flags of :func:`add_jobqueue_flags` describe; None without ``--cluster``.
+    """:func:`cluster_spec` of the flags :func:`add_jobqueue_flags` parsed into ``args``.
 
     Raises
     ------
     ValueError
         On a bad file or value, with one line naming it.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> _ = add_jobqueue_flags(parser)
+    >>> spec_from_args(parser.parse_args(["--cluster", "pbs", "--cores", "2"])).cores
+    2
     """
-    if getattr(args, "cluster", None) is None:
-        if getattr(args, "cluster_config", None):
-            raise ValueError("--cluster-config needs --cluster local|slurm|pbs")
-        return None
-    keys: Sequence[str] = ("queue", "walltime", "cores", "memory", "gpus_per_job", "cpu_jobs",
-                           "gpu_jobs", "job_extra")
-    overrides = {k: getattr(args, k, None) for k in keys}
-    overrides["kind"] = args.cluster
-    return load_spec(args.cluster_config, overrides)
+    values = vars(args)
+    return cluster_spec(values["cluster"], values["cluster_config"],
+                        **{key: values[key] for key in JOB_FLAGS})
 
 
 def describe(spec: JobQueueSpec) -> str:

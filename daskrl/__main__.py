@@ -1,0 +1,8 @@
+"""``python -m daskrl``: the ``daskrl`` command line (see :mod:`daskrl.cli`)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
