@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .algorithm import Algorithm
+    from .distributions import Distribution
     from .graph import Placement
 
 MiB = 2**20
@@ -194,7 +195,7 @@ def estimate(algo: Algorithm, placement: Placement, distribution: str = ""
     >>> sorted(need), need["w0"].parts["learner batch"] == 2 * 2 * 8 * 128 * 47
     (['w0', 'w1'], True)
     """
-    sizes = getattr(algo, "sizes", None)
+    sizes = algo.sizes
     if sizes is None:
         return {}
     roles = set(placement.workers)
@@ -211,8 +212,8 @@ class MemoryBudgetError(ValueError):
     """A run would need more memory on a worker than the worker's limit."""
 
 
-def check_memory(backend: Any, algo: Algorithm, distribution: Any, placement: Placement
-                 ) -> dict[str, WorkerNeed]:
+def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str,
+                 placement: Placement) -> dict[str, WorkerNeed]:
     """Refuse the run when a worker's estimate exceeds its memory limit; return the estimate.
 
     ``backend.memory_limits()`` gives each worker's limit in bytes (``None``: no limit);
@@ -233,7 +234,7 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Any, placement: Pl
     >>> need["local"].total > 0
     True
     """
-    name = distribution if isinstance(distribution, str) else getattr(distribution, "name", "")
+    name = distribution if isinstance(distribution, str) else distribution.name
     needs = estimate(algo, placement, name)
     if not needs:
         return needs

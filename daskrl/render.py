@@ -16,7 +16,8 @@ from typing import Any
 from dask.delayed import Delayed, delayed
 from dask.utils import key_split
 
-from .distributions import IterationInputs, get_distribution
+from .compat import graph_annotations
+from .distributions import Distribution, IterationInputs, get_distribution
 from .fragment import Fragment
 from .graph import plan_placement
 from .roles import evaluate
@@ -31,18 +32,21 @@ COLOURS = {"GPU": "#b7e1a1", "CPU": "#a9c8f0", "other": "#f3d49b", "none": "#e4e
 _RUN = "run"
 
 
-def iteration_graph(graph_path: str, distribution: str, overrides: Mapping[str, Any] | None = None,
+def iteration_graph(graph_path: str, distribution: str | None,
+                    overrides: Mapping[str, Any] | None = None,
                     workers: Mapping[str, Mapping[str, float]] | None = None,
-                    iteration: int = 1) -> tuple[Delayed, Any, Any]:
+                    iteration: int = 1) -> tuple[Delayed, Any, Any, Distribution]:
     """The delayed graph of one iteration of ``graph_path`` under ``distribution``.
 
-    Returns ``(graph, algorithm, placement)``. The previous iteration's learner output is a
-    placeholder task, so the picture shows what each task takes from it. A distribution
-    whose iteration is dynamic (``async``) supplies an unrolled ``sketch`` instead.
+    Returns ``(graph, algorithm, placement, distribution)``. ``distribution`` None takes
+    the algorithm's own (``Algorithm.distribution``). The previous iteration's learner
+    output is a placeholder task, so the picture shows what each task takes from it. The
+    graph is the distribution's :meth:`~daskrl.distributions.Distribution.sketch`: a
+    dynamic iteration (``async``) is drawn unrolled.
 
     Examples
     --------
-    >>> g, algo, _ = iteration_graph("graphs/ppo.py", "actors-learner")  # doctest: +SKIP
+    >>> g, algo, _, dist = iteration_graph("graphs/ppo.py", "actors-learner")  # doctest: +SKIP
     """
     from .cli import load_graph
 
@@ -51,14 +55,14 @@ def iteration_graph(graph_path: str, distribution: str, overrides: Mapping[str, 
         algo = module.build(module.Config(**dict(overrides or {})))
     except TypeError as exc:
         raise ValueError(f"{graph_path}: {exc}; pass only fields of its Config") from None
-    dist = get_distribution(distribution)
+    dist = get_distribution(distribution or algo.distribution)
+    dist.check(algo)
     frags = dist.fragments(algo)
     frags.append(Fragment(evaluate, "evaluate", algo.resources_for("evaluate")))
     placement = plan_placement(frags, dict(workers or EXAMPLE_WORKERS))
     learner_in = _previous(iteration, placement.worker("learner", 0))
     inputs = IterationInputs(algo, placement, _RUN, 0, iteration, iteration + 2, learner_in)
-    sketch = getattr(dist, "sketch", None)
-    return (sketch(inputs) if callable(sketch) else dist.iteration(inputs)), algo, placement
+    return dist.sketch(inputs), algo, placement, dist
 
 
 def _previous(iteration: int, worker: str | None) -> Delayed:
@@ -91,13 +95,13 @@ def to_digraph(graph: Delayed, title: str = "") -> Any:
                           "'daskrl[graph]' (and Debian's graphviz for `dot`)") from None
     hlg = graph.__dask_graph__()
     deps = hlg.get_all_dependencies()
+    annotations = graph_annotations(graph)
     where: dict[Any, tuple[str | None, str]] = {}
-    for layer in hlg.layers.values():
-        notes = layer.annotations or {}
+    for key in hlg:
+        notes = annotations.get(key, {})
         pin = notes.get("workers")
         worker = pin[0] if pin else None  # a strict pin or a preference: drawn alike
-        for key in layer:
-            where[key] = (worker, _colour(notes.get("resources") or {}))
+        where[key] = (worker, _colour(notes.get("resources") or {}))
     dot = graphviz.Digraph(graph_attr={"rankdir": "LR", "fontname": "Helvetica",
                                        "label": title, "labelloc": "t", "fontsize": "16"},
                            node_attr={"shape": "box", "style": "rounded,filled",
@@ -145,7 +149,7 @@ def _label(key: Any) -> str:
     return " · ".join(filter(None, [f"{role} {replica}".strip(), *rest]))
 
 
-def render_iteration(graph_path: str, distribution: str, out: str | Path,
+def render_iteration(graph_path: str, distribution: str | None, out: str | Path,
                      overrides: Mapping[str, Any] | None = None,
                      workers: Mapping[str, Mapping[str, float]] | None = None) -> Path:
     """Draw one iteration of ``graph_path`` under ``distribution`` into ``out`` (.svg or .png).
@@ -154,8 +158,9 @@ def render_iteration(graph_path: str, distribution: str, out: str | Path,
     ----------
     graph_path : str
         A graph script, e.g. ``graphs/ppo.py``.
-    distribution : str
-        A distribution name with options, e.g. ``data-parallel:allreduce=dask``.
+    distribution : str or None
+        A distribution name with options, e.g. ``data-parallel:allreduce=dask`` (None: the
+        graph's own).
     out : str or Path
         The picture; its suffix (``.svg``, ``.png``, ``.pdf``) picks the format.
     overrides : mapping, optional
@@ -181,12 +186,11 @@ def render_iteration(graph_path: str, distribution: str, out: str | Path,
     if shutil.which("dot") is None:
         raise RuntimeError("graphviz's `dot` program is not installed: apt-get install "
                            "graphviz (or brew install graphviz)")
-    graph, algo, _ = iteration_graph(graph_path, distribution, overrides, workers)
+    graph, algo, _, dist = iteration_graph(graph_path, distribution, overrides, workers)
     n = len(graph.__dask_graph__())
-    dynamic = callable(getattr(get_distribution(distribution), "sketch", None))
-    title = (f"{algo.name} · {distribution} · one iteration ({n} tasks; "
+    title = (f"{algo.name} · {distribution or dist.name} · one iteration ({n} tasks; "
              f"{algo.num_actors} x {algo.num_envs} envs x {algo.num_steps} steps)"
-             + ("\nsubmitted as they complete; drawn arriving in turn" if dynamic else ""))
+             + ("\nsubmitted as they complete; drawn arriving in turn" if dist.dynamic else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(to_digraph(graph, title).pipe(format=fmt))
     return out

@@ -11,12 +11,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
 
-from .algorithm import Actor, Algorithm, Batch, LearnerOutput, require
+from .algorithm import Actor, Algorithm, Batch, LearnerOutput, ResizableActor
 from .state import drop_key, in_turn, resident, worker_name
 
 T = TypeVar("T")
@@ -79,10 +79,9 @@ def resident_actor(ctx: TaskContext, algo: Algorithm, replicas: tuple[int, ...] 
             return pickle.loads(saved[snapshot_key(role, ident)])
         if len(replicas) <= 1:
             return algo.make_actor(seed)
-        proto = algo.make_actor(seed)
-        require(proto, "resized", "fusion", "give the actor resized(num_envs, seed), or "
-                "turn fusion off with NAME:fuse=false")
-        return proto.resized(len(replicas) * algo.num_envs, seed)  # type: ignore[attr-defined]
+        # distributions fuse replicas only for algorithms that declare resizable-actor
+        proto = cast(ResizableActor, algo.make_actor(seed))
+        return proto.resized(len(replicas) * algo.num_envs, seed)
 
     key = (ctx.run, role, ident)
     if not ctx.deterministic:

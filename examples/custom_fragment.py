@@ -53,4 +53,6 @@ def build(config: Config) -> Algorithm:
         resources={"rollout": Resources(cpu=1),
                    "learner": Resources(gpu=1, fallback=Resources(cpu=1))},
         env_id=config.env,
+        # what VecEnvActor and ActorCriticLearner offer: every synchronous distribution
+        capabilities={"gradients", "resizable-actor", "split-actor"},
     )

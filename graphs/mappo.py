@@ -1,7 +1,9 @@
 """MAPPO on batched multi-agent envs, as fragments any distribution can place.
 
 Run: ``daskrl train graphs/mappo.py --env simple_tag --steps 2000000``
-(``--distribution actors-learner``, ``single`` or ``data-parallel``).
+(``--distribution actors-learner``, ``single`` or ``data-parallel``; ``central-inference``
+and ``async`` refuse it at once: its actor is not split into env and inference parts, and
+it computes no gradients of its own).
 
 An actor replica holds ``--num-envs`` environments of all their agents and the team
 policies, resident on its worker; each step, each team acts with one forward pass over all
@@ -160,4 +162,8 @@ def build(config: Config) -> Algorithm:
         },
         sizes=Sizes(transition_bytes(layout.obs_dim, layout.num_agents),
                     model_params(layout, config.model_spec())),
+        # MAPPOActor.resized fuses replicas; MAPPOLearner's gradients can be averaged. Its
+        # actor steps envs and policies in one loop (no split-actor: not central-inference)
+        # and computes no gradients itself (no gradient-actor: not async).
+        capabilities={"gradients", "resizable-actor"},
     )

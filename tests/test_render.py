@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from daskrl.compat import graph_annotations
 from daskrl.render import COLOURS, DOC_PICTURES, iteration_graph, render_iteration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,14 +28,14 @@ def test_every_distribution_renders(tmp_path, graph, distribution, overrides, wo
 
 
 def test_roles_land_on_their_workers():
-    graph, _, placement = iteration_graph(str(ROOT / "graphs/ppo.py"), "central-inference",
-                                          {"num_actors": 2, "num_envs": 4, "num_steps": 2})
+    graph, _, placement, dist = iteration_graph(
+        str(ROOT / "graphs/ppo.py"), "central-inference",
+        {"num_actors": 2, "num_envs": 4, "num_steps": 2})
+    assert dist.name == "central-inference" and not dist.dynamic
     pins: dict[str, set[str]] = {}
-    for layer in graph.__dask_graph__().layers.values():
-        notes = layer.annotations or {}
-        for key in layer:
-            role = str(key).split("-")[0]
-            pins.setdefault(role, set()).update(notes.get("workers") or [])
+    for key, notes in graph_annotations(graph).items():
+        role = str(key).split("-")[0]
+        pins.setdefault(role, set()).update(notes.get("workers") or [])
     assert pins["inference"] == {"gpu-0"} and pins["learner"] == {"gpu-0"}
     assert pins["env"] == {"cpu-0", "cpu-1"}
     assert placement.resources["inference"].gpu == 1
@@ -46,3 +47,21 @@ def test_png_and_bad_suffix(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="end the file name in .svg, .png or .pdf"):
         render_iteration(str(ROOT / "graphs/ppo.py"), "single", tmp_path / "g.jpg")
+
+
+def test_a_graph_is_drawn_under_its_own_distribution_and_async_as_a_sketch():
+    """No distribution named: the graph's own (A3C: async, dynamic, drawn unrolled)."""
+    graph, algo, _, dist = iteration_graph(
+        str(ROOT / "graphs/a3c.py"), None,
+        {"num_envs": 2, "num_steps": 16, "rollout_steps": 8, "num_actors": 2})
+    assert (algo.distribution, dist.name, dist.dynamic) == ("async", "async", True)
+    keys = {str(k) for k in graph.__dask_graph__()}
+    # 2 actors x 2 rounds of gradients, each applied in turn
+    assert sum(k.startswith("grad-") for k in keys) == 4
+    assert sum(k.startswith("apply-") for k in keys) == 4
+
+
+def test_a_refused_distribution_is_not_drawn():
+    with pytest.raises(ValueError, match="'split-actor' capability"):
+        iteration_graph(str(ROOT / "graphs/mappo.py"), "central-inference",
+                        {"num_envs": 4, "num_steps": 2})

@@ -12,25 +12,29 @@ from typing import Any
 
 from .actors_learner import ActorsLearner
 from .async_grads import AsyncGradients
-from .base import Distribution, IterationInputs, parse_spec
+from .base import Distribution, IterationInputs, Unsupported, parse_spec
 from .central_inference import CentralInference
 from .data_parallel import DataParallel
 from .single import Single
 
-KINDS: dict[str, type] = {
+KINDS: dict[str, type[Distribution]] = {
     cls.name: cls
     for cls in (ActorsLearner, CentralInference, DataParallel, Single, AsyncGradients)
 }
 """Distribution name -> class (its constructor's keyword arguments are its options)."""
 
-DISTRIBUTIONS: dict[str, Distribution] = {name: cls() for name, cls in KINDS.items()}
-"""Each distribution with its default options."""
+NAMES: tuple[str, ...] = tuple(sorted(KINDS))
+"""The distribution names, sorted (for help texts)."""
+
+DISTRIBUTIONS = NAMES
+"""The distribution names (an older spelling of :data:`NAMES`)."""
 
 
 def get_distribution(spec: str, **options: Any) -> Distribution:
-    """The distribution named by ``spec`` (``NAME[:KEY=VALUE[,KEY=VALUE]]``).
+    """A new distribution for one run, named by ``spec`` (``NAME[:KEY=VALUE[,KEY=VALUE]]``).
 
-    Keyword ``options`` are merged over those in ``spec``.
+    Keyword ``options`` are merged over those in ``spec``. Each call builds a new instance:
+    a distribution may keep state of the run it serves.
 
     Examples
     --------
@@ -40,15 +44,15 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
     'torch'
     >>> get_distribution("central-inference", env_groups=3).groups
     3
+    >>> get_distribution("single") is get_distribution("single")
+    False
     """
     name, parsed = parse_spec(spec)
     parsed.update(options)
     cls = KINDS.get(name)
     if cls is None:
         raise ValueError(
-            f"unknown distribution {name!r}: choose one of {', '.join(sorted(KINDS))}")
-    if not parsed:
-        return DISTRIBUTIONS[name]
+            f"unknown distribution {name!r}: choose one of {', '.join(NAMES)}")
     try:
         return cls(**parsed)
     except TypeError:
@@ -60,4 +64,5 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
             f"are {', '.join(known) or 'none'}") from None
 
 
-__all__ = ["DISTRIBUTIONS", "KINDS", "Distribution", "IterationInputs", "get_distribution"]
+__all__ = ["DISTRIBUTIONS", "KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",
+           "get_distribution"]

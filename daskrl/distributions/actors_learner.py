@@ -35,7 +35,7 @@ from ..fragment import Fragment
 from ..graph import Placement, task, task_key
 from ..resources import Resources
 from ..roles import TaskContext
-from .base import IterationInputs, chained, pinned, to_bool, to_int
+from .base import Distribution, IterationInputs, chained, pinned, to_bool, to_int
 from .stale_pipe import join, learn_carried, learn_group, rollout_group
 
 CARRIED = "carried"
@@ -59,14 +59,15 @@ def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int,
     return [tuple(g) for g in groups.values()]
 
 
-class ActorsLearner:
+class ActorsLearner(Distribution):
     """Multi-actor, single-learner distribution (MSRL's DP-A).
 
     Parameters
     ----------
     fuse : bool
         Run co-located rollout replicas as one batched actor, and on-policy rollouts on the
-        learner's worker inside the learner's task (default True).
+        learner's worker inside the learner's task (default True; several replicas are fused
+        only when the algorithm declares ``resizable-actor``).
     stale : int
         0 (default): on-policy, each rollout waits for the previous update. 1: rollouts act
         with weights one update old, so they overlap the learner's update (see the module
@@ -75,6 +76,13 @@ class ActorsLearner:
         The most iterations one task runs when the rollouts run inside the learner's task,
         or (``stale=1``) one group of piped tasks (default 64; the driver sizes tasks to
         about ``RunSettings.task_s``). 1 keeps one task per iteration.
+
+    Notes
+    -----
+    With ``stale=1`` an instance keeps the state of the run it serves
+    (:attr:`last_built`): what the iteration after the last graph it built acts with. Use
+    one instance per run (:func:`~daskrl.distributions.get_distribution` builds a new one
+    per call).
 
     Examples
     --------
@@ -92,9 +100,10 @@ class ActorsLearner:
         if self.stale > 1:
             raise ValueError(f"option stale={stale!r} must be 0 (on-policy) or 1 (rollouts "
                              "one update behind the learner)")
-        # (run, next iteration, the weights its first rollout acts with, or CARRIED when
-        # the group before collected its batches)
-        self._last: tuple[str, int, Any] | None = None
+        self.last_built: tuple[str, int, Any] | None = None
+        """Per-run state with ``stale=1``: (run, the iteration after the last graph built,
+        what that iteration's first rollout acts with: weights, or :data:`CARRIED` when that
+        graph also collected its batches). None before the first graph."""
 
     def workers_wanted(self, algo: Algorithm) -> int:
         """Workers the embedded cluster starts: one per replica, plus the learner's if stale."""
@@ -119,13 +128,14 @@ class ActorsLearner:
         at once; the workers run them in order); :data:`CARRIED` when the group of
         iterations built last also collected this iteration's batches (they travel in
         ``LearnerOutput.carried``); else (the first iteration, a resubmission after a lost
-        worker) ``inputs.learner_in`` itself. Call once per graph, in order.
+        worker) ``inputs.learner_in`` itself. Updates :attr:`last_built`: call it once per
+        graph built, in the order the graphs are built.
         """
         if not self.stale:
             return inputs.learner_in, None
-        last = self._last
+        last = self.last_built
         acts_next = CARRIED if inputs.count > 1 else inputs.learner_in
-        self._last = (inputs.run, inputs.iteration + inputs.count, acts_next)
+        self.last_built = (inputs.run, inputs.iteration + inputs.count, acts_next)
         if last is not None and last[:2] == (inputs.run, inputs.iteration):
             return last[2], inputs.iteration - 1
         return inputs.learner_in, None
@@ -147,9 +157,16 @@ class ActorsLearner:
     def _groups(self, inputs: IterationInputs) -> list[tuple[int, ...]]:
         """Rollout replicas that run as one task: per worker when fused, else one each."""
         replicas = inputs.algo.num_actors
-        if self.fuse and not inputs.deterministic:  # fused envs would depend on placement
+        if self._fuses(inputs):
             return colocated(inputs.placement, "rollout", replicas)
         return [(r,) for r in range(replicas)]
+
+    def _fuses(self, inputs: IterationInputs) -> bool:
+        """Co-located replicas run as one actor: ``fuse``, not deterministic (fused envs
+        would depend on the placement), and one replica or an actor that can be resized."""
+        algo = inputs.algo
+        return (self.fuse and not inputs.deterministic
+                and (algo.num_actors == 1 or "resizable-actor" in algo.capabilities))
 
     def _workers(self, inputs: IterationInputs) -> tuple[str | None, set[str | None]]:
         """The learner's worker and the rollout replicas' workers (None: unplaced)."""
@@ -160,13 +177,13 @@ class ActorsLearner:
     def _in_learner_task(self, inputs: IterationInputs) -> bool:
         """On-policy, fused, and every rollout replica on the learner's worker."""
         learner, rollouts = self._workers(inputs)
-        return (learner is not None and rollouts == {learner} and self.fuse
-                and not self.stale and not inputs.deterministic)
+        return (learner is not None and rollouts == {learner} and self._fuses(inputs)
+                and not self.stale)
 
     def _piped(self, inputs: IterationInputs) -> bool:
         """Stale, fused, and no rollout replica on the learner's worker (nor unplaced)."""
         learner, rollouts = self._workers(inputs)
-        return (bool(self.stale) and self.fuse and not inputs.deterministic
+        return (bool(self.stale) and self._fuses(inputs)
                 and learner is not None and None not in rollouts and learner not in rollouts)
 
     def iterations_per_task(self, inputs: IterationInputs) -> int:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import dask
 from dask.delayed import Delayed, delayed
 
-from ..algorithm import Algorithm, LearnerOutput
+from ..algorithm import CAPABILITIES, Algorithm, LearnerOutput
 from ..failures import Call
 from ..fragment import Fragment
 from ..graph import Placement
@@ -44,33 +45,96 @@ class IterationInputs:
                            self.deterministic, self.env_retries)
 
 
-class Distribution(Protocol):
+class Unsupported(ValueError):
+    """A distribution cannot serve an algorithm; the message is one line naming the missing
+    capability and a fix."""
+
+
+class Distribution(ABC):
     """Turns an algorithm into one iteration's delayed graph.
 
-    ``fragments`` says which roles it places, with their resources and replica counts;
-    ``iteration`` returns a delayed ``LearnerOutput``; its key starts with ``learner``
-    (``join`` for a group of piped tasks, whose learner task is keyed ``learner`` too).
-    A distribution may also define ``iterations_per_task(inputs)``: how many consecutive
-    iterations it can run as one task for this placement (see :func:`iterations_per_task`),
-    and ``check_placement(placement, algo)``: its own conditions on a placement, raising
-    ``ValueError`` (the driver checks them when it places the fragments, and after a lost
-    worker waits for a placement that passes).
+    Every distribution subclasses this and is built per run (its options are its
+    constructor's keyword arguments; :func:`~daskrl.distributions.get_distribution`).
+    The driver, the CLI and the renderer call these members and nothing else:
+
+    - :meth:`check` refuses an algorithm it cannot serve, before any worker starts;
+    - :meth:`fragments` says which roles it places, with their resources and replica counts;
+    - :meth:`check_placement` states its own conditions on a placement;
+    - :meth:`iteration` returns a delayed ``LearnerOutput`` whose key starts with
+      ``learner`` (``join`` for a group of piped tasks, whose learner task is keyed
+      ``learner`` too);
+    - :meth:`iterations_per_task`, :meth:`workers_wanted` and :meth:`sketch` size tasks,
+      the embedded cluster and the picture of an iteration.
+
+    Examples
+    --------
+    >>> class Nothing(Distribution):
+    ...     name = "nothing"
+    ...     def fragments(self, algo): return []
+    ...     def iteration(self, inputs): return delayed(None)
+    >>> algo = Algorithm("a", print, print, print, num_steps=1, num_actors=3)
+    >>> Nothing().check(algo), Nothing().workers_wanted(algo)
+    (None, 3)
     """
 
-    name: str
+    name: ClassVar[str]
+    """The name users pick it by (``--distribution NAME``)."""
+    requires: ClassVar[frozenset[str]] = frozenset()
+    """Capabilities (:data:`daskrl.algorithm.CAPABILITIES`) every algorithm it runs must
+    declare."""
+    dynamic: ClassVar[bool] = False
+    """True when :meth:`iteration` submits tasks as it runs, so that :meth:`sketch` draws a
+    static stand-in instead."""
 
+    def required(self, algo: Algorithm) -> dict[str, str]:
+        """The capabilities it needs of ``algo`` with these options, each with the fix to
+        suggest when it is missing (default: :attr:`requires`)."""
+        fix = ("pick another --distribution, or declare it in the graph's build() once its "
+               "actor and learner offer it")
+        return {cap: fix for cap in self.requires}
+
+    def check(self, algo: Algorithm) -> None:
+        """Raise :class:`Unsupported` (one line: the missing capability and a fix) when it
+        cannot serve ``algo``; called before any worker starts."""
+        for cap, fix in sorted(self.required(algo).items()):
+            if cap not in algo.capabilities:
+                raise Unsupported(
+                    f"the {self.name!r} distribution needs the {cap!r} capability ("
+                    f"{CAPABILITIES[cap]}), which {algo.name!r} does not declare: {fix}")
+
+    @abstractmethod
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """The fragments it places, for placement and the pre-submit resource check."""
 
+    @abstractmethod
     def iteration(self, inputs: IterationInputs) -> Delayed:
-        """The delayed graph of one iteration."""
+        """The delayed graph of one iteration (``inputs.count`` iterations)."""
+
+    def check_placement(self, placement: Placement, algo: Algorithm) -> None:
+        """Raise ``ValueError`` when ``placement`` breaks its own conditions (default: none).
+
+        The driver calls it when it places the fragments, and after a lost worker waits for
+        a placement that passes."""
+        return None
+
+    def iterations_per_task(self, inputs: IterationInputs) -> int:
+        """The most consecutive iterations it can run as one task for this placement
+        (default 1). The driver then builds graphs with ``inputs.count`` up to this many:
+        fewer scheduler round trips and result fetches per iteration when iterations are
+        short."""
+        return 1
+
+    def workers_wanted(self, algo: Algorithm) -> int:
+        """Workers the embedded cluster starts for ``algo`` (default: one per actor)."""
+        return algo.num_actors
+
+    def sketch(self, inputs: IterationInputs) -> Delayed:
+        """The graph :mod:`daskrl.render` draws (default: :meth:`iteration`'s)."""
+        return self.iteration(inputs)
 
 
 def iterations_per_task(distribution: Distribution, inputs: IterationInputs) -> int:
-    """The most consecutive iterations ``distribution`` can run in one task (1 if it cannot).
-
-    The driver then builds graphs with ``inputs.count`` up to this many: fewer scheduler
-    round trips and result fetches per iteration when iterations are short.
+    """``distribution.iterations_per_task(inputs)``, at least 1.
 
     Examples
     --------
@@ -80,8 +144,7 @@ def iterations_per_task(distribution: Distribution, inputs: IterationInputs) -> 
     >>> iterations_per_task(get_distribution("data-parallel"), inputs)
     1
     """
-    own = getattr(distribution, "iterations_per_task", None)
-    return max(1, int(own(inputs))) if callable(own) else 1
+    return max(1, int(distribution.iterations_per_task(inputs)))
 
 
 def chained(ctx: TaskContext, learner_in: LearnerOutput, count: int,

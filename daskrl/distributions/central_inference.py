@@ -15,22 +15,20 @@ takes step ``t``) and ``inference-<group>-it<k>-s<t>`` (``s<num_steps>`` returns
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from dask.delayed import Delayed
 
 from .. import roles
-from ..algorithm import Algorithm, Batch, LearnerOutput, require
+from ..algorithm import Algorithm, Batch, EnvPart, InferencePart, LearnerOutput, SplitActor
 from ..algos.actor_critic import EnvStep
 from ..fragment import Fragment
 from ..graph import task, task_key
 from ..roles import TaskContext
 from ..state import resident, worker_name
 from .actors_learner import colocated
-from .base import IterationInputs, pinned, step_key, to_int
-
-_FIX = "give the actor resized(num_envs, seed), runner and recorder (see VecEnvActor)"
+from .base import Distribution, IterationInputs, pinned, step_key, to_int
 
 
 def unit_seed(ctx: TaskContext, unit: int) -> int:
@@ -39,12 +37,19 @@ def unit_seed(ctx: TaskContext, unit: int) -> int:
                        ).replica_seed(ctx.iteration)
 
 
-def _split_actor(algo: Algorithm, num_envs: int, seed: int) -> Any:
-    proto = algo.make_actor(seed)
-    for attr in ("resized", "runner", "recorder"):
-        if not hasattr(proto, attr):
-            require(proto, attr, "central-inference", _FIX)
-    return proto.resized(num_envs, seed)
+def _split_actor(algo: Algorithm, num_envs: int, seed: int) -> SplitActor:
+    """An actor of ``num_envs`` envs (the algorithm declares ``split-actor``)."""
+    proto = cast(SplitActor, algo.make_actor(seed))
+    return cast(SplitActor, proto.resized(num_envs, seed))
+
+
+def _env_part(algo: Algorithm, num_envs: int, seed: int) -> EnvPart:
+    return _split_actor(algo, num_envs, seed).env_part()
+
+
+def _inference_part(algo: Algorithm, num_envs: int, seed: int) -> dict[str, Any]:
+    """A group's inference state: its actor's inference part, and whether it was just built."""
+    return {"part": _split_actor(algo, num_envs, seed).inference_part(), "built": True}
 
 
 def observe(ctx: TaskContext, algo: Algorithm, unit: int, num_envs: int, _after: int
@@ -53,16 +58,16 @@ def observe(ctx: TaskContext, algo: Algorithm, unit: int, num_envs: int, _after:
 
     ``_after`` (the previous iteration's version) only orders this after its learner.
     """
-    actor, _ = resident((ctx.run, "env", unit),
-                        lambda: _split_actor(algo, num_envs, unit_seed(ctx, unit)))
-    return actor.runner.obs
+    part, _ = resident((ctx.run, "env", unit),
+                       lambda: _env_part(algo, num_envs, unit_seed(ctx, unit)))
+    return part.obs
 
 
 def env_step(ctx: TaskContext, unit: int, offset: int, num_envs: int, actions: np.ndarray
              ) -> EnvStep:
     """Role ``env``: step this unit's envs with its slice of the group's actions."""
-    actor, _ = resident((ctx.run, "env", unit), _lost("env", unit))
-    return actor.runner.step(actions[offset : offset + num_envs])
+    part: EnvPart = resident((ctx.run, "env", unit), _lost("env", unit))[0]
+    return part.step(actions[offset : offset + num_envs])
 
 
 def infer(ctx: TaskContext, start: tuple[Algorithm, LearnerOutput] | None, group: int,
@@ -78,20 +83,21 @@ def infer(ctx: TaskContext, start: tuple[Algorithm, LearnerOutput] | None, group
     if start is not None:
         algo, learner_in = start
         seed = unit_seed(ctx, group)  # = the seed of group `group` on the first env worker
-        actor, built = resident(key, lambda: _split_actor(algo, sum(sizes), seed))
-        rec = actor.recorder
+        state, built = resident(key, lambda: _inference_part(algo, sum(sizes), seed))
+        state["built"] = built
+        rec: InferencePart = state["part"]
         rec.set_weights(learner_in.weights, learner_in.version)
         obs = np.concatenate(parts)
         rec.begin(num_steps, obs)
-        rec.built = built
         return rec.act(obs)
-    rec = resident(key, _lost("inference", group))[0].recorder
+    state = resident(key, _lost("inference", group))[0]
+    rec = state["part"]
     step = merge_steps(parts)
     rec.record(step)
     if t < num_steps:
         return rec.act(step.obs)
     batch = rec.finish(step.obs)
-    batch["stats"].update(worker=worker_name(), built=rec.built, replica=f"g{group}")
+    batch["stats"].update(worker=worker_name(), built=state["built"], replica=f"g{group}")
     return batch
 
 
@@ -140,7 +146,7 @@ def group_sizes(num_envs: int, groups: int) -> list[int]:
     return [num_envs // groups + (i < num_envs % groups) for i in range(groups)]
 
 
-class CentralInference:
+class CentralInference(Distribution):
     """Env workers step, one batched inference worker acts for all of them (MSRL's DP-B).
 
     Parameters
@@ -156,9 +162,17 @@ class CentralInference:
     """
 
     name = "central-inference"
+    requires = frozenset({"split-actor", "resizable-actor"})
 
     def __init__(self, env_groups: int | str = 2) -> None:
         self.groups = to_int("env_groups", env_groups)
+
+    def required(self, algo: Algorithm) -> dict[str, str]:
+        """``split-actor`` and ``resizable-actor``: env groups step apart from inference."""
+        fix = ("pick actors-learner, single or data-parallel, or give the actor env_part() and "
+               "inference_part() like VecEnvActor")
+        return {"split-actor": fix,
+                "resizable-actor": "give the actor resized(num_envs, seed) like VecEnvActor"}
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """Env replicas, one inference server and one learner."""

@@ -26,7 +26,7 @@ from ..roles import (
     snapshots,
 )
 from ..state import worker_name
-from .base import IterationInputs, chained, to_int
+from .base import Distribution, IterationInputs, chained, to_int
 
 
 def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
@@ -82,7 +82,7 @@ def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
                          metrics, snapshots([stats]))
 
 
-class Single:
+class Single(Distribution):
     """Everything on one worker: fused envs, inference and update (no communication).
 
     Parameters
@@ -105,6 +105,12 @@ class Single:
     def __init__(self, iterations_per_task: int | str = 64, threads: int | str = 0) -> None:
         self.max_count = to_int("iterations_per_task", iterations_per_task)
         self.threads = to_int("threads", threads, minimum=0)
+
+    def required(self, algo: Algorithm) -> dict[str, str]:
+        """``resizable-actor`` when there are several replicas (they run as one actor)."""
+        if algo.num_actors == 1:
+            return {}
+        return {"resizable-actor": "pass --num-actors 1, or pick another --distribution"}
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """One fused fragment with the learner's resources (a GPU when offered)."""
