@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
@@ -16,13 +15,15 @@ from distributed import (
     Client,
     Future,
     LocalCluster,
-    Scheduler,
     Security,
+    SpecCluster,
     fire_and_forget,
     wait,
 )
 
+from .compat import serve_dashboard_on_demand
 from .forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
+from .state import register
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
@@ -58,7 +59,8 @@ def local_cluster(
     Workers are named ``w0, w1, ...`` (names, unlike addresses, survive restarts) and each
     advertises its own resources, e.g. ``[{"CPU": 1}, {"CPU": 1, "GPU": 1}]``.
     The dashboard's pages are imported when the first one is requested
-    (:func:`serve_dashboard_on_demand`).
+    (:func:`daskrl.compat.serve_dashboard_on_demand`); ``dashboard_address=None`` starts
+    no dashboard.
 
     Examples
     --------
@@ -73,6 +75,8 @@ def local_cluster(
         dashboard_address=dashboard_address,
         security=security or None,
         scheduler_kwargs={"dashboard": False},
+        # in-process workers default to the inproc protocol, which takes no host
+        **({} if processes or security else {"protocol": "tcp://"}),
     )
     if dashboard_address:
         serve_dashboard_on_demand(cluster.scheduler)
@@ -80,41 +84,21 @@ def local_cluster(
     return cluster
 
 
-def serve_dashboard_on_demand(scheduler: Scheduler) -> None:
-    """Import and attach the Bokeh dashboard of ``scheduler`` (started with
-    ``dashboard=False``) when its first page is requested, not at start.
+def sync_workers(cluster: SpecCluster) -> None:
+    """Start or stop workers until ``cluster`` runs what its ``worker_spec`` says, and
+    wait for that (what awaiting a ``SpecCluster`` does); errors starting one are raised.
 
-    Importing it takes ~0.4 s of CPU. An embedded scheduler shares the driver's process,
-    which during start-up is importing torch and the graph on the way to the first
-    iteration, and during training competes with the workers for the cores. The first
-    request (e.g. ``/status``) waits for the import, then is redirected to the same page,
-    which Bokeh serves from then on. Dask's own routes (``/health``, ``/metrics``, the
-    JSON API) are served from the start.
+    Examples
+    --------
+    >>> cluster = local_cluster([{"CPU": 1}, {"CPU": 1}], processes=False)  # doctest: +SKIP
+    >>> del cluster.worker_spec["w1"]  # doctest: +SKIP
+    >>> sync_workers(cluster)  # doctest: +SKIP
     """
-    from tornado import web
-
-    attached: list[asyncio.Future] = []
-
-    async def attach() -> None:
-        await scheduler.loop.run_in_executor(None, _import_board)
-        from distributed.dashboard import scheduler as board
-
-        scheduler.http_application.applications.remove(trigger)
-        board.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
-
-    class OnDemand(web.RequestHandler):
-        async def get(self, *args: Any) -> None:
-            if not attached:
-                attached.append(asyncio.ensure_future(attach()))
-            await attached[0]
-            self.redirect(self.request.uri)
-
-    trigger = web.Application([(r"/.*", OnDemand)])
-    scheduler.http_application.add_application(trigger)
+    cluster.sync(_awaited, cluster)
 
 
-def _import_board() -> None:
-    from distributed.dashboard import scheduler  # noqa: F401
+async def _awaited(cluster: SpecCluster) -> SpecCluster:
+    return await cluster
 
 
 def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, float]]) -> None:
@@ -127,14 +111,15 @@ def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, f
     >>> sorted(cluster.worker_spec)  # doctest: +SKIP
     ['w0', 'w1']
     """
-    cls = cluster.new_spec["cls"]
-    base = dict(cluster.new_spec["options"])
+    # the spec of a worker scale() would add: its class and LocalCluster's options
+    (template,) = cluster.new_worker_spec().values()
+    cls, base = template["cls"], dict(template["options"])
     first = len(cluster.worker_spec)
     for i, res in enumerate(worker_resources, first):
         cluster.worker_spec[f"w{i}"] = {"cls": cls,
                                         "options": {**base, "resources": dict(res)}}
     if worker_resources:
-        cluster.sync(cluster._correct_state)
+        sync_workers(cluster)
 
 
 class ClusterStart:
@@ -171,6 +156,7 @@ class ClusterStart:
             with self._spawning():
                 self.cluster = local_cluster(first, security=security)
             self.client = Client(self.cluster)
+            register(self.client)
             if self.method is None:  # spawned: the worker has imported nothing yet
                 # a task, not Client.run: the worker's event loop stays free to answer (and
                 # to close quickly when the run is refused)
@@ -272,12 +258,14 @@ def connect(address: str, timeout: float = 10.0, security: Security | None = Non
         raise ConnectionError(f"the scheduler at {address!r} requires TLS: pass --tls with "
                               "--tls-ca-file, --tls-cert and --tls-key")
     try:
-        return Client(address, timeout=timeout, security=security)
+        client = Client(address, timeout=timeout, security=security)
     except (OSError, TimeoutError) as exc:
         raise ConnectionError(
             f"cannot reach the Dask scheduler at {address!r} within {timeout:g}s ({exc}); "
             "start one with `dask scheduler`, or drop --scheduler to use the embedded cluster"
         ) from None
+    register(client)
+    return client
 
 
 def worker_resources(client: Client) -> dict[str, dict[str, float]]:

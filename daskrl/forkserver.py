@@ -1,7 +1,7 @@
 """The process embedded-cluster workers are forked from, started before anything else.
 
 ``daskrl train`` on its embedded cluster calls :func:`worker_forkserver` first thing, before
-it imports Dask (~0.4 s with ``distributed``), torch or the graph script: the server then
+it imports Dask, torch or the graph script: the server then
 imports what workers need on the other core meanwhile. This module imports only the
 standard library (``dask.config`` when :func:`worker_environ` is called).
 """
@@ -9,12 +9,9 @@ standard library (``dask.config`` when :func:`worker_environ` is called).
 from __future__ import annotations
 
 import gc
-import importlib.util
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 WORKER_MALLOC: dict[str, int] = {
     "MALLOC_TRIM_THRESHOLD_": 128 * 2**20,
@@ -25,10 +22,10 @@ WORKER_MALLOC: dict[str, int] = {
 Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536`` so that freed memory goes
 back to the OS quickly. An RL iteration allocates and frees the same arrays thousands of
 times: with that setting every large array is a fresh ``mmap`` and the heap is trimmed
-after each free, which made the PPO update 25% slower and a 1024-env ``single`` iteration
-35% slower here. These values keep arrays up to 32 MiB on the heap and trim it only
-past 128 MiB of free memory (as fast as glibc's defaults, measured in
-``benchmarks/distributions.py``). Memory a worker frees is returned to the OS later.
+after each free, which slows the update and env stepping noticeably
+(``benchmarks/distributions.py`` compares them). These values keep arrays up to 32 MiB on
+the heap and trim it only past 128 MiB of free memory. Memory a worker frees is returned
+to the OS later.
 """
 
 WORKER_DASK_ENV: dict[str, str] = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
@@ -36,9 +33,9 @@ WORKER_DASK_ENV: dict[str, str] = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED":
 in the environment daskrl runs in wins. Embedded workers get them through their nanny's
 config (:func:`daskrl.cluster.configure_dask`), batch jobs as exports in the job script.
 
-Dask's statistical profiler samples each worker's running task every 10 ms. In a tight RL
-iteration it cost ~6% here (PPO on CartPole: 27.2 -> 25.5 ms per iteration, medians of
-three runs), and ``daskrl profile`` and the task stream show where iteration time goes.
+Dask's statistical profiler samples each worker's running task every 10 ms, which
+costs a tight RL iteration a few percent, while ``daskrl profile`` and the task stream
+already show where iteration time goes.
 ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True`` brings the dashboard's Profile page back.
 """
 
@@ -54,10 +51,9 @@ def imports_without_gc() -> Iterator[None]:
     """Import with the garbage collector paused, then freeze what was imported.
 
     Importing torch, Dask and gymnasium creates ~10^6 objects, almost none of them
-    garbage, and the collector's passes over them took ~12% of the import time here
-    (1.45 -> 1.25 s for the fork server's imports, medians of 6). Frozen objects
-    (:func:`gc.freeze`) are left out of later passes and stay shared with forked workers
-    instead of being copied when a pass touches them.
+    garbage, and the collector's passes over them are a sizeable part of the import time.
+    Frozen objects (:func:`gc.freeze`) are left out of later passes and stay shared with
+    forked workers instead of being copied when a pass touches them.
 
     Examples
     --------
@@ -76,31 +72,41 @@ def imports_without_gc() -> Iterator[None]:
             gc.enable()
 
 
+WORKER_THREADS: dict[str, str] = {
+    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""One BLAS/OpenMP thread per worker process. A worker runs one task per thread it has,
+and a task that wants more sets torch's threads from its CPU grant; pools sized to every
+core in every worker would oversubscribe the machine. These are read when numpy and torch
+load, so the fork server sets them before its imports."""
+
+WORKER_HASH_SEED = "6640"
+"""``PYTHONHASHSEED`` of every worker, so that all hash strings alike (Dask's nanny gives
+the workers it spawns the same value; a forked worker keeps its server's, read when the
+server's interpreter starts)."""
+
 _ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
 
 
 def worker_environ() -> dict[str, str]:
-    """The environment Dask's nanny gives a worker process it starts, with
-    :data:`WORKER_MALLOC` instead of its allocator setting (dask config, user files
-    included; Dask's defaults read without importing ``distributed``).
+    """The environment of a worker process: :data:`WORKER_THREADS`, then Dask's
+    ``distributed.nanny.pre-spawn-environ`` (user settings win), then
+    :data:`WORKER_MALLOC` and :data:`WORKER_HASH_SEED`.
+
+    It needs only ``dask.config``: the fork server calls it before it imports
+    ``distributed`` (whose defaults set the same thread counts).
 
     Examples
     --------
-    >>> worker_environ()["MALLOC_TRIM_THRESHOLD_"] == str(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"])
+    >>> env = worker_environ()
+    >>> env["MALLOC_TRIM_THRESHOLD_"] == str(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"])
     True
+    >>> env["OMP_NUM_THREADS"], env["PYTHONHASHSEED"]
+    ('1', '6640')
     """
     import dask.config
 
-    if dask.config.get(_ENVIRON_KEY, default=None) is None and "distributed" not in sys.modules:
-        spec = importlib.util.find_spec("distributed")
-        defaults = Path(spec.origin).with_name("distributed.yaml") if spec and spec.origin else None
-        if defaults is not None and defaults.is_file():
-            import yaml
-
-            dask.config.update_defaults(yaml.safe_load(defaults.read_text()))
-        else:  # an unusual layout: let distributed load its own defaults
-            import distributed  # noqa: F401
-    environ = {**dask.config.get(_ENVIRON_KEY, default={}), **WORKER_MALLOC}
+    environ = {**WORKER_THREADS, **dask.config.get(_ENVIRON_KEY, default={}), **WORKER_MALLOC,
+               "PYTHONHASHSEED": WORKER_HASH_SEED}
     return {k: str(v) for k, v in environ.items() if v is not None}
 
 
@@ -110,13 +116,13 @@ def worker_forkserver() -> str | None:
 
     It starts at once and imports :data:`WORKER_PRELOAD` on its own core while this process
     goes on (:mod:`daskrl.worker_preload`), so a worker forked from it has torch and
-    gymnasium imported already (a spawned worker imports them itself, ~1 s here). A forked
-    worker keeps its server's environment, so the server gets the one Dask's nanny would
-    give a worker: :data:`WORKER_MALLOC` and the hash seed when it starts (both are read
-    at interpreter start), the rest of :func:`worker_environ` (one thread per BLAS/OpenMP
-    pool) before its imports. Nothing here imports Dask, which would delay the server by
-    ~0.1 s. It imports and starts no thread before it forks. Calling it again does nothing
-    more.
+    gymnasium imported already (a spawned worker imports them itself). Dask's
+    ``distributed.worker.multiprocessing-method: forkserver`` setting then makes its nanny
+    start workers from this server. A forked worker keeps its server's environment, so the
+    server gets :func:`worker_environ`: the allocator settings and the hash seed when it
+    starts (both are read at interpreter start), the rest (one thread per BLAS/OpenMP pool)
+    before its imports. Nothing here imports Dask, which would delay the server. It imports
+    and starts no thread before it forks. Calling it again does nothing more.
 
     Examples
     --------
@@ -129,7 +135,7 @@ def worker_forkserver() -> str | None:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return None
     environ = {k: str(v) for k, v in WORKER_MALLOC.items()}
-    environ["PYTHONHASHSEED"] = "6640"  # what the nanny sets for the workers it spawns
+    environ["PYTHONHASHSEED"] = WORKER_HASH_SEED
     multiprocessing.get_context("forkserver").set_forkserver_preload(["daskrl.worker_preload"])
     saved = dict(os.environ)
     try:

@@ -30,9 +30,9 @@ from dask_jobqueue.pbs import PBSJob, pbs_format_bytes_ceil
 from dask_jobqueue.slurm import SLURMJob
 from distributed import Client
 from distributed.core import Status
-from distributed.deploy.spec import ProcessInterface
+from distributed.deploy.spec import ProcessInterface, SpecCluster
 
-from .cluster import configure_dask
+from .cluster import configure_dask, sync_workers
 from .forkserver import WORKER_DASK_ENV, WORKER_MALLOC
 from .jobqueue_spec import (
     KINDS,
@@ -44,6 +44,7 @@ from .jobqueue_spec import (
     spec_from_args,
 )
 from .jobqueue_wait import squeue, wait_for_pools
+from .state import register
 
 __all__ = ["KINDS", "JobQueueSpec", "PoolCluster", "add_jobqueue_flags", "describe",
            "job_scripts", "load_spec", "make_jobqueue_cluster", "pool_job_options",
@@ -90,44 +91,56 @@ class PbsJob(_PoolJob, PBSJob):
     """dask-jobqueue's ``PBSJob`` (``qsub``/``qdel``) as a pool member."""
 
 
-class ProcessJob(_PoolJob, LocalJob):
+class _BashJob(LocalJob):
+    """A local ``bash`` process running the job script, through the job's public
+    ``start``/``close`` (Dask's ``ProcessInterface``), not dask-jobqueue's submit hooks."""
+
+    script_process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        """Run the job script in its own process group; its id is the job id."""
+        log = Path(self.log_directory or os.devnull)
+        if self.log_directory:
+            log = log / f"{self.name}.log"
+        with open(log, "ab") as out:
+            self.script_process = await asyncio.create_subprocess_exec(
+                "bash", "-c", self.job_script(), stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        self.job_id = str(self.script_process.pid)
+        await ProcessInterface.start(self)
+
+    def ended(self) -> bool:
+        """Whether the job script has exited."""
+        return self.script_process is not None and self.script_process.returncode is not None
+
+    async def close(self) -> None:
+        """Stop the process group: SIGTERM, SIGKILL after 10 s, stragglers included."""
+        if self.job_id:
+            await _stop_group(int(self.job_id))
+        if self.script_process is not None and self.script_process.returncode is None:
+            await self.script_process.wait()  # reap bash
+
+
+class ProcessJob(_PoolJob, _BashJob):
     """A "job" that is a local ``bash`` process running the job script (kind ``local``).
 
     Unlike dask-jobqueue's ``LocalJob`` it keeps the script's prologue, sends output to
     ``log_directory/<name>.log`` (never to an unread pipe) and stops the whole process group.
     """
 
-    async def _submit_job(self, script_filename: str) -> str:
-        log = Path(self.log_directory or os.devnull)
-        if self.log_directory:
-            log = log / f"{self.name}.log"
-        with open(log, "ab") as out:
-            self._proc = await asyncio.create_subprocess_exec(
-                "bash", "-c", self.job_script(), stdin=asyncio.subprocess.DEVNULL, stdout=out,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-        return str(self._proc.pid)
 
-    @classmethod
-    async def _close_job(cls, job_id: str, cancel_command: str | None) -> None:
-        """Stop the process group: SIGTERM, SIGKILL after 10 s, stragglers included."""
-        pgid = int(job_id)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+async def _stop_group(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)  # the group outlives bash while its children run
+        except ProcessLookupError:
+            return
+        for _ in range(100):
+            await asyncio.sleep(0.1)
             try:
-                os.killpg(pgid, sig)  # the group outlives bash while its children run
+                os.killpg(pgid, 0)
             except ProcessLookupError:
                 return
-            for _ in range(100):
-                await asyncio.sleep(0.1)
-                try:
-                    os.killpg(pgid, 0)
-                except ProcessLookupError:
-                    return
-
-    async def close(self) -> None:
-        await super().close()
-        proc = getattr(self, "_proc", None)
-        if proc is not None and proc.returncode is None:
-            await proc.wait()  # reap bash
 
 
 _JOB_CLASSES: dict[str, type] = {"local": ProcessJob, "slurm": SlurmJob, "pbs": PbsJob}
@@ -199,7 +212,9 @@ class PoolCluster(JobQueueCluster):
         super().__init__(job_cls=job_cls, n_workers=0, interface=spec.interface,
                          scheduler_options=_scheduler_options(spec),
                          **pool_job_options(spec, "cpu"), **kwargs)
-        shared = {k: v for k, v in self._job_kwargs.items()
+        # the options JobQueueCluster gives its jobs (its public worker template)
+        (template,) = self.new_worker_spec().values()
+        shared = {k: v for k, v in template["options"].items()
                   if k in ("config_name", "interface", "protocol", "security")}
         self.pool_specs: dict[str, dict[str, Any]] = {}
         for pool in spec.pools():
@@ -226,7 +241,7 @@ class PoolCluster(JobQueueCluster):
             for name in sorted(wanted - set(self.worker_spec)):
                 entry = self.pool_specs[pool]
                 self.worker_spec[name] = {**entry, "options": dict(entry["options"])}
-        self.sync(self._correct_state)
+        sync_workers(self)
 
     def scale(self, n: int = 0, jobs: int = 0, memory: Any = None, cores: Any = None) -> Any:
         """Scale the CPU pool to ``jobs`` jobs (or ``n`` workers); ``scale(0)`` stops all pools."""
@@ -234,8 +249,7 @@ class PoolCluster(JobQueueCluster):
             raise ValueError("scale by jobs per pool: use scale_pools(cpu=N, gpu=M)")
         if not n and not jobs:  # what close() calls
             self.worker_spec.clear()
-            self.loop.add_callback(self._correct_state)
-            return None
+            return SpecCluster.scale(self, 0)
         count = jobs or math.ceil(n / self.pool_specs["cpu"]["options"]["processes"])
         return self.scale_pools(cpu=count)
 
@@ -254,8 +268,7 @@ class PoolCluster(JobQueueCluster):
         """Which of the named jobs have ended (Slurm and local jobs; [] for PBS)."""
         jobs = {n: self.workers[n] for n in sorted(names) if n in self.workers}
         if self.spec.kind == "local":
-            return [n for n, job in jobs.items()
-                    if getattr(job, "_proc", None) is not None and job._proc.returncode is not None]
+            return [n for n, job in jobs.items() if isinstance(job, _BashJob) and job.ended()]
         if self.spec.kind != "slurm":
             return []
         live = squeue("-o", "%i")
@@ -345,6 +358,7 @@ def start_pools(spec: JobQueueSpec, algo: Any = None, distribution: Any = None,
     client = None
     try:
         client = Client(cluster)
+        register(client)
         wait_for_pools(client, cluster)
     except BaseException:
         if client is not None:

@@ -2,10 +2,11 @@
 
 Objects are keyed by ``(run, role, replica)``, created lazily by a factory the first time a
 task on a worker asks for them, and rebuilt from their seeds when a replica lands on a worker
-that does not hold them (a fresh or replacement worker). They live on the
-``distributed.Worker`` object, never in ``worker.data`` (which Dask spills and moves).
-Tasks of consecutive iterations that step the same object take it in iteration order
-(:func:`in_turn`).
+that does not hold them (a fresh or replacement worker). They live in a
+:class:`ResidentState` worker plugin (``Client.register_plugin``), never in ``worker.data``
+(which Dask spills and moves); the plugin closes them when its worker closes. Tasks of
+consecutive iterations that step the same object take it in iteration order
+(:func:`in_turn`). Outside a Dask worker (``--scheduler sync``) one in-process store serves.
 """
 
 from __future__ import annotations
@@ -15,32 +16,96 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
+
+from distributed import WorkerPlugin
 
 T = TypeVar("T")
 
-_LOCAL: dict[Hashable, Any] = {}  # used outside a Dask worker (synchronous scheduler)
-_LOCK = threading.Lock()
-_ATTR = "_daskrl_resident"
+PLUGIN_NAME = "daskrl-resident"
+"""The name :class:`ResidentState` is registered under on every worker."""
 TURN_WAIT_S = 120.0
 """How long :func:`in_turn` waits for an earlier iteration that has not run."""
 TURN_RETRY_S = 0.005
 """Pause before a task out of turn goes back to the scheduler."""
 
 
-def _store(worker: Any = None) -> dict[Hashable, Any]:
-    if worker is None:
-        try:
-            from distributed import get_worker
+class ResidentState(WorkerPlugin):
+    """One worker's resident objects, closed (``obj.close()``) when the worker closes.
 
-            worker = get_worker()
-        except (ImportError, ValueError):
+    Register it once per cluster with :func:`register`; a worker that joins later gets it
+    when it connects.
+
+    Examples
+    --------
+    >>> state = ResidentState()
+    >>> state.setup(None)
+    >>> state.objects["k"] = []
+    >>> state.teardown(None)
+    >>> state.objects
+    {}
+    """
+
+    idempotent: ClassVar[bool] = True  # registering again keeps the objects built
+
+    def __init__(self) -> None:
+        self.objects: dict[Hashable, Any] = {}
+        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # sent to the workers empty: each builds its own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+    def setup(self, worker: Any) -> None:
+        """Start with no objects."""
+        self.objects.clear()
+
+    def teardown(self, worker: Any) -> None:
+        """Close every object (envs hold processes, files and sockets)."""
+        with self.lock:
+            objects = list(self.objects.values())
+            self.objects.clear()
+        for obj in objects:
+            _close(obj)
+
+
+_LOCAL = ResidentState()  # outside a Dask worker (synchronous scheduler)
+
+
+def register(client: Any) -> None:
+    """Give every worker of ``client``'s cluster, and every one that joins, a
+    :class:`ResidentState` (once: registering again keeps what workers hold).
+
+    Examples
+    --------
+    >>> register(client)  # doctest: +SKIP
+    """
+    client.register_plugin(ResidentState(), name=PLUGIN_NAME)
+
+
+def _current_worker() -> Any:
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def _state(worker: Any = None) -> ResidentState:
+    if worker is None:
+        worker = _current_worker()
+        if worker is None:
             return _LOCAL
-    store = getattr(worker, _ATTR, None)
-    if store is None:
-        store = {}
-        setattr(worker, _ATTR, store)
-    return store
+    plugin = worker.plugins.get(PLUGIN_NAME)
+    if plugin is None:  # a cluster nobody registered it on: this task registers it
+        from distributed import get_client
+
+        get_client().register_plugin(ResidentState(), name=PLUGIN_NAME)
+        plugin = worker.plugins[PLUGIN_NAME]
+    return plugin
 
 
 def worker_name() -> str:
@@ -51,12 +116,8 @@ def worker_name() -> str:
     >>> worker_name()
     'local'
     """
-    try:
-        from distributed import get_worker
-
-        return str(get_worker().name)
-    except (ImportError, ValueError):
-        return "local"
+    worker = _current_worker()
+    return "local" if worker is None else str(worker.name)
 
 
 def resident(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
@@ -75,12 +136,12 @@ def resident(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
     >>> drop_run("run")
     1
     """
-    store = _store()
-    with _LOCK:
-        if key in store:
-            return store[key], False
+    state = _state()
+    with state.lock:
+        if key in state.objects:
+            return state.objects[key], False
         obj = build()
-        store[key] = obj
+        state.objects[key] = obj
         return obj, True
 
 
@@ -93,9 +154,9 @@ def drop_key(key: Hashable) -> bool:
     >>> drop_key(("run", "rollout", 1)), drop_key(("run", "rollout", 1))
     (True, False)
     """
-    store = _store()
-    with _LOCK:
-        obj = store.pop(key, None)
+    state = _state()
+    with state.lock:
+        obj = state.objects.pop(key, None)
     if obj is not None:
         _close(obj)
     return obj is not None
@@ -116,12 +177,15 @@ def drop_run(run: str, dask_worker: Any = None) -> int:
     Call it on every worker at the end of a run with ``client.run(drop_run, run)``, which
     passes the worker as ``dask_worker`` (``get_worker()`` works only inside tasks).
     """
-    store = _store(dask_worker)
-    with _LOCK:
-        keys = [k for k in store if isinstance(k, tuple) and k and k[0] == run]
-        for k in keys:
-            _close(store.pop(k))
-    return len(keys)
+    state = _state() if dask_worker is None else dask_worker.plugins.get(PLUGIN_NAME)
+    if state is None:  # no task of daskrl ran on this worker
+        return 0
+    with state.lock:
+        objects = [state.objects.pop(k) for k in list(state.objects)
+                   if isinstance(k, tuple) and k and k[0] == run]
+    for obj in objects:
+        _close(obj)
+    return len(objects)
 
 
 class _Turns:
@@ -156,7 +220,7 @@ def in_turn(key: tuple[Hashable, ...], iteration: int, after: int | None,
     """
     turns, _ = resident((*key, "turn"), _Turns)
     if after is not None and (turns.done is None or turns.done < after) and (
-            worker_name() != "local"):
+            _current_worker() is not None):
         since = turns.since.setdefault(iteration, time.monotonic())
         if time.monotonic() - since < wait_s:
             from distributed import Reschedule

@@ -129,14 +129,9 @@ def task_gpu() -> float:
     >>> task_gpu()
     0.0
     """
-    try:
-        from distributed import get_worker
+    from daskrl.compat import current_task_resources
 
-        worker = get_worker()
-        ts = worker.state.tasks.get(worker.get_current_task())
-    except (ImportError, ValueError, KeyError, AttributeError):
-        return 0.0
-    return float((getattr(ts, "resource_restrictions", None) or {}).get("GPU", 0))
+    return float(current_task_resources().get("GPU", 0))
 
 
 def task_device(requested: str = "auto") -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 from distributed import Client
@@ -28,23 +27,6 @@ def test_dashboard_groups_tasks_by_role(tmp_path: Path) -> None:
         prefixes = client.run_on_scheduler(
             lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
     assert {"rollout", "learner", "evaluate"} <= set(prefixes)
-
-
-def test_embedded_dashboard_is_imported_when_its_first_page_is_asked_for() -> None:
-    """The embedded cluster serves Dask's routes at once and imports the Bokeh pages (~0.4 s
-    of CPU) only when someone opens one; then it serves them as usual."""
-    with local_cluster([{"CPU": 1}]) as cluster, Client(cluster) as client:
-        apps = cluster.scheduler.http_application.applications
-        link = client.dashboard_link
-        assert link.startswith("http://127.0.0.1:") and link.endswith("/status")
-        assert client.submit(sum, [1, 2]).result() == 3
-        assert not any("bokeh" in str(type(app)).lower() for app in apps)  # not yet
-        with urllib.request.urlopen(link.replace("/status", "/health"), timeout=30) as page:
-            assert page.read() == b"ok"
-        for path in ("/status", "/individual-task-stream", "/status"):
-            with urllib.request.urlopen(link.replace("/status", path), timeout=60) as page:
-                assert page.status == 200 and b"bokeh" in page.read().lower()
-        assert len(apps) == 1 and "bokeh" in str(type(apps[0])).lower()
 
 
 def test_plot_profile_report_and_tensorboard_from_a_short_run(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from distributed import Client
 
 from daskrl import plan_placement, resident
 from daskrl.checkpoint import load_latest
-from daskrl.cluster import local_cluster, worker_resources
+from daskrl.cluster import local_cluster, sync_workers, worker_resources
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.driver import RunSettings, initial_output, train
-from daskrl.state import drop_run, in_turn, worker_name
+from daskrl.state import PLUGIN_NAME, drop_run, in_turn, register, worker_name
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -118,6 +118,42 @@ def test_a_task_out_of_turn_runs_after_the_earlier_iteration(cluster_gpu_client)
     assert client.submit(drop_run, run, workers=["w0"], pure=False).result() == 2
 
 
+class MarksClosed:
+    """A resident object that leaves a file behind when closed (seen across processes)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def close(self):
+        Path(self.path).write_text("closed")
+
+
+def test_resident_state_is_a_worker_plugin_that_closes_objects_with_its_worker(tmp_path):
+    run = uuid.uuid4().hex[:8]
+    mark = tmp_path / "closed"
+
+    def build(i):
+        obj, built = resident((run, "env", 0), lambda: MarksClosed(str(mark)))
+        return built
+
+    cluster = local_cluster([{"CPU": 1}])
+    client = Client(cluster)
+    try:
+        # nobody registered the plugin on this cluster: the first task that needs it does
+        assert client.run(lambda dask_worker: PLUGIN_NAME in dask_worker.plugins) == {
+            next(iter(cluster.scheduler_info["workers"])): False}
+        assert client.submit(build, 0, pure=False).result() is True
+        assert list(client.run(lambda dask_worker: PLUGIN_NAME in dask_worker.plugins
+                               ).values()) == [True]
+        register(client)  # again: the objects built stay
+        assert client.submit(build, 1, pure=False).result() is False
+        assert not mark.exists()
+    finally:
+        client.close()
+        cluster.close()
+    assert mark.read_text() == "closed"  # the plugin's teardown closed it with the worker
+
+
 # --------------------------------------------------------------------------- training
 
 
@@ -142,7 +178,8 @@ def resident_keys(client) -> dict[str, list[str]]:
     def keys():
         from distributed import get_worker
 
-        return sorted(map(str, getattr(get_worker(), "_daskrl_resident", {})))
+        plugin = get_worker().plugins.get(PLUGIN_NAME)
+        return sorted(map(str, plugin.objects if plugin is not None else {}))
 
     names = worker_resources(client)
     return {w: client.submit(keys, workers=[w], pure=False).result() for w in names}
@@ -167,7 +204,7 @@ def test_replica_is_rebuilt_on_another_worker_when_its_worker_retires(
     spec = dict(cluster.worker_spec["w0"])
     spec["options"] = {**spec["options"], "resources": {"CPU": 1}}
     cluster.worker_spec["w2"] = spec
-    cluster.sync(cluster._correct_state)
+    sync_workers(cluster)
     try:
         client.wait_for_workers(3, timeout=60)
         algo = cluster_tiny_ppo(num_actors=2)
@@ -189,7 +226,7 @@ def test_replica_is_rebuilt_on_another_worker_when_its_worker_retires(
         assert [o.metrics["actors_built"] for o in outs[1:]] == [2, 0]
         assert [o.metrics["rollout_workers"] for o in outs[1:]] == ["0@w0;1@w2"] * 2
         del cluster.worker_spec["w2"]  # retire the worker holding replica 1
-        cluster.sync(cluster._correct_state)
+        sync_workers(cluster)
         assert set(worker_resources(client)) == {"w0", "w1"}
         # pins are strict: like the driver, plan placement again on the workers left
         placement = plan_placement(dist.fragments(algo), worker_resources(client))
@@ -205,7 +242,7 @@ def test_replica_is_rebuilt_on_another_worker_when_its_worker_retires(
         assert all(o.metrics["env_steps"] > 0 for o in outs[1:])
     finally:
         cluster.worker_spec.pop("w2", None)
-        cluster.sync(cluster._correct_state)
+        sync_workers(cluster)
         for w in worker_resources(client):
             client.submit(drop_run, run, workers=[w], pure=False).result()
 

@@ -1,0 +1,59 @@
+"""One test per private or undocumented Dask name that :mod:`daskrl.compat` relies on: each
+fails when a Dask release drops or renames it, before the function using it misbehaves."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from dask import annotate, delayed
+from distributed import Client
+
+from daskrl.cluster import local_cluster
+from daskrl.compat import current_task_resources, graph_annotations
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_graph_annotations_reads_highlevelgraph_layer_annotations() -> None:
+    """``HighLevelGraph.layers`` and ``Layer.annotations``."""
+    with annotate(resources={"GPU": 1}, workers=["w1"]):
+        learner = delayed(abs, pure=False)(-1, dask_key_name="learner-0")
+    rollout = delayed(abs, pure=False)(learner, dask_key_name="rollout-0")
+    graph = rollout.__dask_graph__()
+    assert all(hasattr(layer, "annotations") for layer in graph.layers.values())
+    assert graph_annotations(rollout) == {
+        "learner-0": {"resources": {"GPU": 1}, "workers": ["w1"]}}
+
+
+def test_current_task_resources_reads_the_workers_task_state() -> None:
+    """``Worker.state.tasks[key].resource_restrictions``."""
+    with local_cluster([{"CPU": 1, "GPU": 2}], processes=False, dashboard_address=None
+                       ) as cluster, Client(cluster) as client:
+        granted = client.submit(current_task_resources, resources={"GPU": 1}, pure=False)
+        plain = client.submit(current_task_resources, pure=False)
+        assert granted.result() == {"GPU": 1.0}
+        assert plain.result() == {}
+    assert current_task_resources() == {}  # outside a worker
+
+
+def test_dashboard_on_demand_attaches_to_the_schedulers_http_application() -> None:
+    """``Scheduler.http_application`` (its ``applications`` and ``add_application``),
+    ``Scheduler.http_server`` and ``distributed.dashboard.scheduler.connect``: Dask's routes
+    are served at once, the Bokeh pages once one is asked for."""
+    from distributed.dashboard.scheduler import connect  # noqa: F401 - the name relied on
+
+    with local_cluster([{"CPU": 1}]) as cluster, Client(cluster) as client:
+        scheduler = cluster.scheduler
+        assert scheduler.http_server is not None
+        apps = scheduler.http_application.applications
+        link = client.dashboard_link
+        assert link.startswith("http://127.0.0.1:") and link.endswith("/status")
+        assert client.submit(sum, [1, 2]).result() == 3
+        assert not any("bokeh" in str(type(app)).lower() for app in apps)  # not yet
+        with urllib.request.urlopen(link.replace("/status", "/health"), timeout=30) as page:
+            assert page.read() == b"ok"
+        for path in ("/status", "/individual-task-stream", "/status"):
+            with urllib.request.urlopen(link.replace("/status", path), timeout=60) as page:
+                assert page.status == 200 and b"bokeh" in page.read().lower()
+        assert len(apps) == 1 and "bokeh" in str(type(apps[0])).lower()
