@@ -99,8 +99,8 @@ class Distribution(ABC):
         for cap, fix in sorted(self.required(algo).items()):
             if cap not in algo.capabilities:
                 raise Unsupported(
-                    f"the {self.name!r} distribution needs the {cap!r} capability ("
-                    f"{CAPABILITIES[cap]}), which {algo.name!r} does not declare: {fix}")
+                    f"the {self.name!r} distribution needs the {cap!r} capability, which "
+                    f"{algo.name!r} does not declare ({CAPABILITIES[cap]}): {fix}")
 
     @abstractmethod
     def fragments(self, algo: Algorithm) -> list[Fragment]:
