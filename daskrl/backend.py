@@ -6,6 +6,7 @@ iteration graphs in the driver's process, where ``breakpoint()`` inside a fragme
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -14,13 +15,20 @@ from typing import Any, Protocol
 import dask
 from dask.delayed import Delayed
 from distributed import Client, wait
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .cluster import worker_resources
+from .compat import graph_annotations
 from .fragment import Fragment
+from .state import register as register_resident_state
 
 
 class Handle(Protocol):
     """A submitted computation: a ``distributed.Future`` or a finished local result."""
+
+    status: str
+    """``"pending"``, ``"finished"``, ``"error"``...: tells a task's own ``TimeoutError``
+    from a fetch that timed out."""
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait (up to ``timeout`` seconds, else raise ``TimeoutError``) and return the value."""
@@ -52,8 +60,11 @@ class Backend(Protocol):
     def done(self, handle: Handle, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; whether ``handle`` has finished (or failed)."""
 
+    membership: Membership
+    """Workers joining and leaving, as they are reported (no question asked per check)."""
+
     def identities(self) -> dict[str, str]:
-        """Worker name -> address (a restarted worker keeps its name, not its address)."""
+        """Worker name -> address now (a restarted worker keeps its name, not its address)."""
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` in every worker process."""
@@ -68,13 +79,114 @@ class Backend(Protocol):
         """Dask's task-stream records after cursor ``since``, and the next cursor."""
 
 
+MEMBERSHIP_TOPIC = "daskrl-membership"
+"""The scheduler event topic on which :class:`MembershipPlugin` reports workers."""
+
+
+class Membership:
+    """Workers that joined and left, in the order they were reported.
+
+    Each report advances a cursor; :meth:`left_since` answers from what was reported, so a
+    driver checks its pinned workers as often as it likes without asking the scheduler.
+    A worker restarted at its old address still counts as left after the cursor taken
+    before its restart (its state went with it).
+
+    Examples
+    --------
+    >>> m = Membership()
+    >>> before = m.cursor()
+    >>> m.on_event((0.0, {"action": "remove-worker", "worker": "tcp://a:1"}))
+    >>> m.left_since(before), m.left_since(m.cursor())
+    ({'tcp://a:1'}, set())
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._count = 0
+        self._left: dict[str, int] = {}  # address -> the count at its last departure
+
+    def cursor(self) -> int:
+        """How many reports (joins, departures, subscriptions) came so far."""
+        with self._changed:
+            return self._count
+
+    def left_since(self, cursor: int) -> set[str]:
+        """Addresses of the workers that left after ``cursor``."""
+        with self._changed:
+            return {addr for addr, at in self._left.items() if at > cursor}
+
+    def wait(self, cursor: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a report after ``cursor``; whether one came."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._count > cursor, timeout=timeout)
+
+    def on_event(self, event: tuple[float, Mapping[str, Any]]) -> None:
+        """Take one ``(timestamp, message)`` event of :data:`MEMBERSHIP_TOPIC`."""
+        _, msg = event
+        with self._changed:
+            self._count += 1
+            if msg.get("action") == "remove-worker":
+                self._left[str(msg["worker"])] = self._count
+            self._changed.notify_all()
+
+
+class MembershipPlugin(SchedulerPlugin):
+    """Reports every worker that joins or leaves on :data:`MEMBERSHIP_TOPIC`.
+
+    The scheduler calls these hooks as it adds and removes workers; clients that subscribe
+    to the topic (``Client.subscribe_topic``) hear of a lost worker as soon as the
+    scheduler does.
+    """
+
+    name = "daskrl-membership"
+    idempotent = True  # one per scheduler, shared by every driver connected to it
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        """Report a joining worker."""
+        scheduler.log_event(MEMBERSHIP_TOPIC, {"action": "add-worker", "worker": worker})
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        """Report a leaving worker (closed, lost or retired)."""
+        scheduler.log_event(MEMBERSHIP_TOPIC, {"action": "remove-worker", "worker": worker})
+
+
 class DaskBackend:
-    """A ``distributed.Client``: tasks run on the cluster's workers."""
+    """A ``distributed.Client``: tasks run on the cluster's workers.
+
+    Subscribes to the scheduler's membership reports (:class:`MembershipPlugin`) on
+    creation, so the scheduler must be able to import daskrl, as it already must to check
+    annotations.
+    """
 
     name = "distributed"
 
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.membership = Membership()
+        client.subscribe_topic(MEMBERSHIP_TOPIC, self.membership.on_event)
+        with self._asking_scheduler():
+            client.register_plugin(MembershipPlugin())
+            self._await_subscription()
+            register_resident_state(client)  # once per cluster: a no-op when it has it
+
+    def _await_subscription(self, timeout: float = 30.0) -> None:
+        """Return once this client hears the topic, so no later departure can be missed.
+
+        The subscription travels on the client's batched stream, which nothing else here
+        waits for; an event published after it took effect comes back through it.
+        """
+        start = self.membership.cursor()
+        deadline = time.monotonic() + timeout
+        pause = 0.002  # the stream sends every few milliseconds: ask again soon, then less
+        while True:
+            self.client.log_event(MEMBERSHIP_TOPIC, {"action": "subscribed",
+                                                     "client": self.client.id})
+            if self.membership.wait(start, timeout=pause):
+                return
+            pause = min(2 * pause, 0.1)
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"the Dask scheduler did not confirm the subscription to "
+                                      f"{MEMBERSHIP_TOPIC!r} in {timeout:.0f} s")
 
     def workers(self, fragments: list[Fragment]) -> dict[str, Mapping[str, float]]:
         """The workers the scheduler knows now."""
@@ -183,13 +295,8 @@ def expected_restrictions(graph: Delayed) -> dict[Any, dict[str, float]]:
     >>> expected_restrictions(d)
     {'learner-0': {'GPU': 1}}
     """
-    out: dict[Any, dict[str, float]] = {}
-    for layer in graph.__dask_graph__().layers.values():
-        resources = (layer.annotations or {}).get("resources")
-        if resources:
-            for key in layer:
-                out[key] = dict(resources)
-    return out
+    return {key: dict(notes["resources"]) for key, notes in graph_annotations(graph).items()
+            if notes.get("resources")}
 
 
 def _scheduler_restrictions(dask_scheduler: Any, keys: list[Any]) -> dict[Any, dict[str, float]]:
@@ -199,6 +306,8 @@ def _scheduler_restrictions(dask_scheduler: Any, keys: list[Any]) -> dict[Any, d
 
 
 class _Done:
+    status = "finished"
+
     def __init__(self, value: Any) -> None:
         self.value = value
 
@@ -223,6 +332,9 @@ class SyncBackend:
     """
 
     name = "sync"
+
+    def __init__(self) -> None:
+        self.membership = Membership()  # one process: nobody joins or leaves
 
     def workers(self, fragments: list[Fragment]) -> dict[str, Mapping[str, float]]:
         """One process that offers what the fragments ask for (GPUs only if torch sees one)."""

@@ -3,29 +3,55 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from .algorithm import LearnerOutput
 from .metrics import MetricsWriter
 from .profile import Timeline, finite
 
-if TYPE_CHECKING:
-    from .driver import RunSettings
-
 
 class Recorder:
-    """Turns each finished iteration into a metrics row, progress and counters."""
+    """Turns each finished iteration into a metrics row, progress and counters.
 
-    def __init__(self, settings: RunSettings, total: int, start: int, counters: dict,
+    Parameters
+    ----------
+    out : Path
+        The run's folder: rows go to ``out/metrics.csv`` (and TensorBoard under ``out``).
+    total : int
+        Iterations of the whole run (for the progress bar).
+    start : int
+        Iterations done before this process started (a resumed run's checkpoint).
+    counters : dict
+        ``env_steps`` and ``wall_s`` to continue from (empty for a new run).
+    resume : bool
+        Keep the rows of ``metrics.csv`` up to ``start`` and drop those after it.
+    tensorboard, progress : bool
+        Also write TensorBoard events; show a progress bar.
+    timeline : Timeline, optional
+        Splits each iteration's time using Dask's task stream.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> rec = Recorder(Path(tempfile.mkdtemp()), 2, 0, {}, tensorboard=False)
+    >>> out = LearnerOutput(1, {}, {}, {"env_steps": 8, "learn_t_start": 0.5,
+    ...                                 "learn_t_end": 1.0, "rollout_t_start": 0.0})
+    >>> rec.record(0, out), rec.env_steps
+    (1.0, 8)
+    >>> rec.close()
+    """
+
+    def __init__(self, out: Path, total: int, start: int, counters: dict, *,
+                 resume: bool = False, tensorboard: bool = True, progress: bool = False,
                  timeline: Timeline | None = None) -> None:
-        self.timeline = timeline  # splits each iteration's time using Dask's task stream
-        resume_after = start if settings.resume else None
-        self.writer = MetricsWriter(settings.out / "metrics.csv", resume_after=resume_after,
-                                    tensorboard=settings.tensorboard)
+        self.timeline = timeline
+        self.writer = MetricsWriter(out / "metrics.csv", resume_after=start if resume else None,
+                                    tensorboard=tensorboard)
         self.env_steps = int(counters.get("env_steps", 0))
         self.wall_before = float(counters.get("wall_s", 0.0))
         self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before}
-        self.bar = _progress(settings.progress, total, start)
+        self.bar = _progress(progress, total, start)
         self.start = start
         self.last_end: float | None = None
         self.iteration_sum = self.overhead_sum = 0.0

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from dask import annotate, delayed
 from distributed import Client, Event, LocalCluster
 
-from daskrl.backend import DaskBackend, SyncBackend, expected_restrictions
+from daskrl.backend import MEMBERSHIP_TOPIC, DaskBackend, SyncBackend, expected_restrictions
 from daskrl.fragment import Fragment
 from daskrl.resources import Resources
 
@@ -53,6 +54,31 @@ def test_annotation_check_compares_with_the_scheduler() -> None:
             backend.check_annotations(other)
         event.set()
         assert future.result() == 1
+
+
+def test_the_scheduler_reports_workers_leaving_and_joining_without_being_asked() -> None:
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        backend = DaskBackend(client)
+        assert "daskrl-membership" in client.run_on_scheduler(
+            lambda dask_scheduler: list(dask_scheduler.plugins))
+        membership = backend.membership
+        joined = membership.cursor()
+        cluster.scale(2)
+        assert membership.wait(joined, timeout=30)  # a new worker is reported
+        assert membership.left_since(joined) == set()
+        client.wait_for_workers(2, timeout=30)
+        before = membership.cursor()
+        gone = sorted(backend.identities().values())[0]
+        client.retire_workers([gone])
+        deadline = time.monotonic() + 10
+        while gone not in membership.left_since(before):
+            assert time.monotonic() < deadline, "no report of the retired worker"
+            membership.wait(membership.cursor(), timeout=1)
+        assert membership.left_since(joined) == {gone}
+        assert membership.left_since(membership.cursor()) == set()
+        events = [e for _, e in client.get_events(MEMBERSHIP_TOPIC)]
+        assert events[-1] == {"action": "remove-worker", "worker": gone}
 
 
 def test_scheduler_sync_trains_in_one_process(tmp_path) -> None:
