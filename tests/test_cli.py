@@ -227,7 +227,8 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
     assert _early_cluster(["train", graph, "-h"]) is None
     assert _early_cluster(["graph", graph]) is None
 
-    start = ClusterStart()
+    start = _early_cluster(["train", "--steps", "10", graph, "--num-envs", "2"])  # graph 3rd
+    assert isinstance(start, ClusterStart)
     cluster, client = start.take(workers=2)
     try:
         info = client.scheduler_info(n_workers=-1)["workers"].values()
@@ -435,3 +436,16 @@ def test_the_early_cluster_finds_the_graph_anywhere():
     assert _graph_path(["plot", "run.py"]) is None
     assert _early_cluster(["train", "--scheduler", "sync", GRAPH]) is None
     assert _early_cluster(["train", "--steps", "10", GRAPH, "--help"]) is None
+
+
+def test_graph_command_passes_the_changed_fields_to_the_renderer(typed_graph, monkeypatch,
+                                                                  capsys):
+    import daskrl.render
+    from daskrl.cli import main
+
+    calls = []
+    monkeypatch.setattr(daskrl.render, "render_iteration",
+                        lambda *args: calls.append(args) or Path(args[2]))
+    assert main(["graph", "--sizes", "3", "4", str(typed_graph), "--out", "g.svg",
+                 "--critic", "central", "--distribution", "single"]) == 0, capsys.readouterr()
+    assert calls == [(str(typed_graph), "single", Path("g.svg"), {"sizes": (3, 4)})]
