@@ -130,9 +130,16 @@ def flag_class(config_cls: type) -> type:
 
 
 def _flags_of(config_cls: type) -> set[str]:
-    """The flags tyro gives ``config_cls``'s fields (``--x``; ``--no-x`` for any, harmlessly)."""
-    names = [f.name.replace("_", "-") for f in dataclasses.fields(config_cls) if f.init]
-    return {f"--{n}" for n in names} | {f"--no-{n}" for n in names}
+    """The flags tyro gives ``config_cls``'s fields: ``--field-name``, and ``--no-field-name``
+    for a ``bool``."""
+    hints = typing.get_type_hints(config_cls)
+    flags = set()
+    for f in dataclasses.fields(config_cls):
+        if f.init:
+            name = f.name.replace("_", "-")
+            flags |= {f"--{name}", f"--no-{name}"} if hints.get(f.name) is bool else {
+                f"--{name}"}
+    return flags
 
 
 def _check_flags(words: Sequence[str], config_cls: type, run_flags: Sequence[str],
@@ -256,7 +263,7 @@ def parse_config(config_cls: type[T], args: Sequence[str], prog: str = "daskrl")
         if not exc.code:
             raise
         raise UserError(_one_line(errors.getvalue(), prog)) from None
-    except (TypeError, ValueError) as exc:  # e.g. raised by the Config's own checks
+    except (TypeError, ValueError, NameError) as exc:  # e.g. the Config's own checks
         raise UserError(f"{prog}: {exc}") from None
     sys.stderr.write(errors.getvalue())  # warnings of a parse that succeeded
     if type(parsed) is config_cls:
@@ -457,7 +464,10 @@ def parse_command_line(argv: Sequence[str]
         f"graph settings ({path}'s Config):\n{graph_help(module.Config, prog)}"
         if wants_help else None)
     args, rest = parser.parse_known_args([command, path, *words])
-    clash = sorted(_flags_of(module.Config) & set(run_flags[command]))
+    try:
+        clash = sorted(_flags_of(module.Config) & set(run_flags[command]))
+    except NameError as exc:
+        raise UserError(f"{path}: a Config field's type cannot be resolved ({exc})") from None
     if clash:
         raise UserError(f"{path}: Config fields give the run flag(s) {', '.join(clash)} of "
                         f"`daskrl {command}`: rename those fields")
