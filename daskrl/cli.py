@@ -149,7 +149,9 @@ def _check_flags(words: Sequence[str], config_cls: type, run_flags: Sequence[str
     known = _flags_of(config_cls)
     for word in words:
         flag = word.split("=", 1)[0]
-        if not flag.startswith("--") or flag == "--" or flag.replace("_", "-") in known:
+        name = flag.replace("_", "-")
+        if not flag.startswith("--") or flag == "--" or name in known or (
+                name.split(".", 1)[0] in known):  # a nested dataclass's --field.x
             continue
         close = difflib.get_close_matches(flag, sorted(known | set(run_flags)), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""

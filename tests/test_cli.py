@@ -284,6 +284,12 @@ from daskrl import setting
 
 
 @dataclass
+class Adam:
+    eps: float = 1e-5
+    """added to the denominator"""
+
+
+@dataclass
 class Config:
     sizes: tuple[int, int] = (64, 64)
     """hidden units of the two layers"""
@@ -297,6 +303,7 @@ class Config:
     """clip the value loss"""
     learning_rate: float = setting("Adam learning rate", 2.5e-4)
     num_envs: int = setting("envs per actor replica", 8)
+    adam: Adam = field(default_factory=Adam)
 
 
 def build(config: Config):
@@ -306,7 +313,7 @@ def build(config: Config):
 '''
 
 DEFAULTS = {"sizes": [64, 64], "critic": "central", "max_episodes": None, "teams": ["good"],
-            "clip_vloss": True, "learning_rate": 2.5e-4, "num_envs": 8}
+            "clip_vloss": True, "learning_rate": 2.5e-4, "num_envs": 8, "adam": {"eps": 1e-5}}
 
 
 @pytest.fixture
@@ -334,10 +341,12 @@ def test_every_field_type_is_a_flag_that_reaches_build(typed_graph, capsys):
                         capsys) == DEFAULTS
     got = built_config(["train", script, "--scheduler", "sync", "--sizes", "32", "16",
                         "--critic", "local", "--max-episodes", "7", "--teams", "a", "b",
-                        "--no-clip-vloss", "--learning-rate", "1e-3", "--num-envs", "4"],
+                        "--no-clip-vloss", "--learning-rate", "1e-3", "--num-envs", "4",
+                        "--adam.eps", "1e-8"],
                        typed_graph, capsys)
     assert got == {"sizes": [32, 16], "critic": "local", "max_episodes": 7, "teams": ["a", "b"],
-                   "clip_vloss": False, "learning_rate": 1e-3, "num_envs": 4}
+                   "clip_vloss": False, "learning_rate": 1e-3, "num_envs": 4,
+                   "adam": {"eps": 1e-8}}
     got = built_config(["train", script, "--scheduler", "sync", "--max-episodes", "None",
                         "--clip-vloss", "--teams"], typed_graph, capsys)
     assert got == {**DEFAULTS, "teams": []}
@@ -399,7 +408,8 @@ def test_help_lists_run_flags_and_graph_flags_with_their_docstrings(typed_graph,
                        ("--teams", "teams that learn"),
                        ("--clip-vloss, --no-clip-vloss", "clip the value loss"),
                        ("--learning-rate FLOAT", "Adam learning rate"),  # setting()'s text
-                       ("--num-envs INT", "envs per actor replica")]:
+                       ("--num-envs INT", "envs per actor replica"),
+                       ("--adam.eps FLOAT", "added to the denominator")]:
         assert flag in graph_part and text in graph_part, (flag, graph_part)
 
 
