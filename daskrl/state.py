@@ -104,7 +104,13 @@ def _state(worker: Any = None) -> ResidentState:
         from distributed import get_client
 
         get_client().register_plugin(ResidentState(), name=PLUGIN_NAME)
-        plugin = worker.plugins[PLUGIN_NAME]
+        deadline = time.monotonic() + 30
+        # a task on another worker may have registered it first: its copy is on the way
+        while (plugin := worker.plugins.get(PLUGIN_NAME)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {worker.name}: {PLUGIN_NAME} was registered but "
+                                   "did not arrive within 30 s")
+            time.sleep(0.01)
     return plugin
 
 
