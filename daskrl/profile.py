@@ -262,8 +262,12 @@ def breakdown(run_dir: Path, skip: int = 1) -> dict[str, float]:
 
     Examples
     --------
-    >>> breakdown(Path("runs/ppo-20260101-000000"))  # doctest: +SKIP
-    {'env stepping': 0.21, 'inference': 0.05, ..., 'iteration': 0.34}
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> _ = (run / "metrics.csv").write_text("iteration_s,time/env_s,time/learn_s\\n"
+    ...                                      "9.0,1.0,1.0\\n0.5,0.25,0.125\\n0.25,0.125,0.125\\n")
+    >>> breakdown(run)  # the first row pays for worker start-up: skipped
+    {'env stepping': 0.1875, 'learning': 0.125, 'iteration': 0.375}
     """
     data = read_metrics(run_dir)
     if "iteration_s" not in data:
@@ -309,10 +313,14 @@ def report(run_dir: Path) -> str:
 
     Examples
     --------
-    >>> print(report(Path("runs/ppo-20260101-000000")))  # doctest: +SKIP
-    mean iteration: 341.0 ms (parts add up to 100.2%)
-      env stepping                  210.0 ms   61.6%
-      ...
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> _ = (run / "metrics.csv").write_text("iteration_s,time/env_s,time/learn_s\\n"
+    ...                                      "9.0,1.0,1.0\\n0.5,0.375,0.125\\n")
+    >>> print(report(run))  # doctest: +ELLIPSIS
+    mean iteration: 500.0 ms (parts add up to 100.0%)
+      env stepping                      375.0 ms   75.0%
+      learning                          125.0 ms   25.0%
     bottleneck: env-bound: add rollout replicas (--num-actors) ...
     """
     parts = breakdown(run_dir)
