@@ -1,5 +1,5 @@
-"""PPO CartPole benchmark: the child processes that run SB3 and the lean loop (started
-through ``ppo_cartpole.py --child``, which writes their trace as JSON)."""
+"""PPO CartPole benchmark: the child processes that run SB3, the lean loop and the hand
+kernel (started through ``ppo_cartpole.py --child``, which writes their trace as JSON)."""
 
 from __future__ import annotations
 
@@ -95,12 +95,20 @@ def child_sb3(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path
     return result
 
 
-def child_lean(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path
+def child_hand(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path
                ) -> dict[str, Any]:
+    """The reference limit: :mod:`hand_kernel`'s numpy inference, hand-derived gradients and
+    numpy Adam, in the loop of :func:`child_lean` (the same envs, buffers and GAE)."""
+    return child_lean(steps, seed, hp, evaluate, graph, hand=True)
+
+
+def child_lean(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path,
+               hand: bool = False) -> dict[str, Any]:
     """daskrl's own PPO roles (from ``graphs/ppo.py``) called in a plain loop, no Dask.
 
     The same actor, learner and evaluation objects the Dask tasks use, so the gap to
-    daskrl is what the task graph costs.
+    daskrl is what the task graph costs. ``hand``: the policy copy and the learner are
+    :mod:`hand_kernel`'s instead (the gap to it is what autograd and torch.optim cost).
     """
     import daskrl
     from daskrl.cli import load_graph
@@ -112,6 +120,12 @@ def child_lean(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path
     num_iterations = max(1, math.ceil(steps / algo.steps_per_iteration))
     actor = algo.make_actor(seed)
     learner = algo.make_learner(seed + 1, "cpu")
+    if hand:
+        from hand_kernel import HandLearner, hand_actor
+
+        actor = hand_actor(actor)
+        learner = HandLearner(learner.net.actor[0].in_features, learner.net.actor[-1].out_features,
+                              seed + 1, (hp.hidden,) * 2, learner.hp)
     iterations: list[dict[str, Any]] = []
     env_steps = 0
     t_train_start = time.time()
@@ -136,7 +150,7 @@ def child_main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.torch_threads)
     hp = Hyper(**json.loads(args.child_hyper)) if args.child_hyper else Hyper()
-    fn = {"sb3": child_sb3, "lean": child_lean}[args.child]
+    fn = {"sb3": child_sb3, "lean": child_lean, "hand": child_hand}[args.child]
     result = fn(args.steps, args.seed, hp, args.child_eval, Path(args.child_graph))
     result["extra"] = {"torch_threads": torch.get_num_threads()}
     if "daskrl_file" in result:

@@ -214,8 +214,8 @@ def _cumulative_steps(column: list[int], total: int) -> list[int]:
 
 def run_daskrl(steps: int, seed: int, out: Path, hp: Hyper, evaluate: bool, workers: int | None,
                threads: int, timeout: float, src: Path, on_row: Callable[[int], None],
-               distribution: str = "actors-learner") -> Trace:
-    """Train with ``daskrl train graphs/ppo.py`` in a subprocess and read its outputs.
+               distribution: str = "actors-learner", flags: tuple[str, ...] = ()) -> Trace:
+    """Train with ``daskrl train graphs/ppo.py [flags]`` in a subprocess and read its outputs.
 
     ``workers=None`` leaves the embedded cluster's size to daskrl (its default).
 
@@ -226,7 +226,7 @@ def run_daskrl(steps: int, seed: int, out: Path, hp: Hyper, evaluate: bool, work
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "daskrl.cli", "train", str(src / GRAPH), "--env", ENV_ID,
            "--steps", str(steps), "--seed", str(seed), "--distribution", distribution,
-           "--out", str(out / "run"), "--no-progress", *hp.daskrl_flags()]
+           "--out", str(out / "run"), "--no-progress", *hp.daskrl_flags(), *flags]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     if not evaluate:

@@ -1,4 +1,5 @@
-"""PPO on CartPole-v1: daskrl against Stable-Baselines3 (and a lean loop), same settings.
+"""PPO on CartPole-v1: daskrl against Stable-Baselines3 (and a lean loop and the hand-written
+reference kernel, ``hand_kernel.py``), same settings.
 
 Every run is a separate process started from here (``daskrl train`` through its CLI, SB3 and
 the lean loop through this script's hidden child mode), so each pays its own start-up and
@@ -47,6 +48,7 @@ from _ppo_setup import (
     DEFAULT_README,
     DISTRIBUTIONS,
     ENV_ID,
+    FLAGS,
     GRAPH,
     LABELS,
     SYSTEMS,
@@ -103,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(printed; also written to --readme when given)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
-    p.add_argument("--child", choices=("sb3", "lean"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("sb3", "lean", "hand"), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--child-eval", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-hyper", help=argparse.SUPPRESS)
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                                 bar.set_postfix_str(f"{label} daskrl it {n}")
                             trace = run_daskrl(steps, seed, out, hp, evaluate, args.workers,
                                                args.torch_threads, args.timeout, src, on_row,
-                                               DISTRIBUTIONS[system])
+                                               DISTRIBUTIONS[system], FLAGS.get(system, ()))
                         else:
                             trace = run_child(system, steps, seed, out, hp, evaluate,
                                               args.torch_threads, args.timeout, src)
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         bar.close()
     load_after = load_average()
     medians = summarise(runs)
-    rat = {**ratios(medians, "sb3"), **ratios(medians, "lean"),
+    rat = {**ratios(medians, "sb3"), **ratios(medians, "lean"), **ratios(medians, "hand"),
            **ratios(medians, "sb3", "daskrl-stale")}
     after = machine_info()
     machine.update(load_before=load_before, load_after=load_after, snapshot=args.snapshot,

@@ -35,7 +35,9 @@ class Learner(Protocol):
     """Model and optimiser, resident on the learner's worker across iterations."""
 
     def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
-        """One update on the batches; ``progress`` in [0, 1) drives schedules."""
+        """One update on the batches; ``progress`` in [0, 1) drives schedules. For a
+        :class:`GradientLearner`: its :meth:`~GradientLearner.minibatches` plan, each
+        minibatch computed and applied in turn, then ``finish_update``."""
 
     def weights(self) -> Weights:
         """A CPU copy of the policy weights for the actors."""
@@ -138,32 +140,131 @@ class ResizableActor(Actor, Protocol):
 class GradientActor(Actor, Protocol):
     """An actor that computes a loss gradient on its own rollout (A3C's actors)."""
 
+    rollout_steps: int
+    """Steps each env takes for one gradient."""
+
     def gradients(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
-        """Roll out its own number of steps; return CPU gradients and the rollout's ``stats``
-        (with ``rollout_steps``, the steps each env took)."""
+        """Roll out its own number of steps; return CPU gradients (computed like the
+        learner's ``compute_gradients``) and the rollout's ``stats`` (with ``rollout_steps``,
+        the steps each env took, and the loss parts)."""
 
 
-class GradientLearner(Learner, Protocol):
-    """A learner that applies gradients computed elsewhere (the ``async`` distribution)."""
-
-    def apply_gradients(self, grads: list[torch.Tensor], progress: float) -> dict[str, float]:
-        """One optimiser step with ``grads`` (one tensor per parameter)."""
-
-
-def require(obj: object, method: str, distribution: str, fix: str) -> None:
-    """Raise ``TypeError`` naming the distribution and the missing method.
+@dataclass(frozen=True)
+class UpdatePlan:
+    """What a :class:`GradientLearner` declares about every update, before any batch exists
+    (``data-parallel`` sizes its graph of sync steps from it).
 
     Examples
     --------
-    >>> require([], "append", "single", "use a list")
-    >>> require([], "resized", "single", "use VecEnvActor")
-    Traceback (most recent call last):
-    ...
-    TypeError: the 'single' distribution needs list.resized(); use VecEnvActor
+    >>> UpdatePlan(steps=16, statistics=False).steps
+    16
     """
-    if not callable(getattr(obj, method, None)):
-        raise TypeError(f"the {distribution!r} distribution needs "
-                        f"{type(obj).__name__}.{method}(); {fix}")
+
+    steps: int
+    """Gradient steps per update: the length of every ``minibatches`` plan."""
+    statistics: bool
+    """Whether ``statistics(batches)`` returns a tensor that replicas must average (and
+    pass to ``minibatches``) before the first gradient step."""
+
+
+class GradientLearner(Learner, Protocol):
+    """A learner whose update is a plan of minibatches, each a gradient computed by autograd
+    then applied (capability ``gradients``).
+
+    A distribution may run the steps of :meth:`Learner.update` itself: ``statistics`` (merged
+    across replicas when ``update_plan().statistics``), ``minibatches``, and for each
+    minibatch ``compute_gradients``, an all-reduce of the gradients, ``apply_gradients``;
+    then ``finish_update``. Every replica iterates the same plan, so no step is counted by
+    hand. ``async`` applies gradients computed by :class:`GradientActor` s, after
+    ``schedule``. Statistics that are not gradients (e.g. a value normaliser's) travel only
+    through ``statistics``, never with the gradients.
+    """
+
+    def update_plan(self) -> UpdatePlan:
+        """Steps per update and whether batch statistics are merged first."""
+
+    def schedule(self, progress: float) -> dict[str, float]:
+        """Set the schedules (learning rate) for ``progress`` in [0, 1]; return them."""
+
+    def statistics(self, batches: list[Batch]) -> torch.Tensor | None:
+        """This replica's batch statistics that are not gradients (None when there are none);
+        replicas average them before :meth:`minibatches`."""
+
+    def minibatches(self, batches: list[Batch], progress: float,
+                    statistics: torch.Tensor | None = None) -> list[Any]:
+        """Start an update: set the schedules, fold in ``statistics`` (averaged over the
+        replicas, else this learner's own), return the minibatches in stepping order."""
+
+    def compute_gradients(self, minibatch: Any) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """Autograd gradients of the loss (one tensor per parameter) and the loss parts."""
+
+    def apply_gradients(self, grads: list[torch.Tensor]) -> None:
+        """Clip (``clip_grad_norm_``) and take one ``torch.optim`` step with ``grads``."""
+
+    def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
+        """End the update begun by :meth:`minibatches`; its metrics from each step's."""
+
+
+class EnvPart(Protocol):
+    """The env-stepping half of a :class:`SplitActor` (role ``env``): a vector env and its
+    episode bookkeeping, no policy."""
+
+    obs: Any
+    """The current observation of every env, ``[num_envs, ...]`` (numpy)."""
+
+    def step(self, actions: Any) -> Any:
+        """Step every env once with ``actions``; return a
+        :class:`~daskrl.algos.actor_critic.EnvStep` (observation after the step, reward,
+        terminated, done, valid, and the episodes it finished)."""
+
+
+class InferencePart(Protocol):
+    """The policy half of a :class:`SplitActor` (role ``inference``): a policy copy that
+    picks actions step by step and turns the recorded steps into a batch."""
+
+    def set_weights(self, weights: Weights, version: int) -> None:
+        """Load policy weights (a no-op when ``version`` is already loaded)."""
+
+    def begin(self, num_steps: int, obs: Any) -> None:
+        """Start a rollout of ``num_steps`` steps from ``obs`` (one row per env)."""
+
+    def act(self, obs: Any) -> Any:
+        """Actions for ``obs`` (one batched forward pass), recorded for the batch."""
+
+    def record(self, step: Any) -> None:
+        """Record what the envs returned (an ``EnvStep``) for the last :meth:`act`."""
+
+    def finish(self, last_obs: Any) -> Batch:
+        """Bootstrap from ``last_obs`` and return the rollout's batch with its ``stats``."""
+
+
+class SplitActor(ResizableActor, Protocol):
+    """An actor whose env stepping and inference can run in different processes
+    (``central-inference``: envs on CPU workers, one batched policy on the learner's).
+
+    Declared by an algorithm with the ``split-actor`` capability;
+    :class:`~daskrl.algos.actor_critic.VecEnvActor` is one.
+    """
+
+    def env_part(self) -> EnvPart:
+        """Its envs (built on first use), stepped with actions chosen elsewhere."""
+
+    def inference_part(self) -> InferencePart:
+        """Its policy copy and rollout buffers, fed with steps made elsewhere."""
+
+
+CAPABILITIES: Mapping[str, str] = {
+    "gradients": "its learner's gradients can be averaged across replicas before every "
+                 "optimiser step, as data-parallel does",
+    "resizable-actor": "actor.resized(num_envs, seed) makes a copy with other envs, as fusion, "
+                       "single and central-inference's env groups need",
+    "split-actor": "its actor is a SplitActor whose env_part() and inference_part() can run "
+                   "in different processes, as central-inference places them",
+    "gradient-actor": "its actor is a GradientActor and its learner applies gradients as they "
+                      "arrive, as async does",
+}
+"""The capabilities an :class:`Algorithm` may declare, and what each promises. A distribution
+lists those it requires and refuses an algorithm that lacks one before any worker starts."""
 
 
 ROLES = ("rollout", "learner", "inference", "evaluate", "env")
@@ -201,6 +302,13 @@ class Algorithm:
         Bytes per env step of a rollout batch and the model's parameter count; with them,
         the driver refuses a run that would exceed a worker's memory limit
         (:func:`daskrl.memory.check_memory`). None: not checked.
+    capabilities : iterable of str
+        What its actors and learner offer beyond the :class:`Actor`/:class:`Learner`
+        protocols, from :data:`CAPABILITIES`; each distribution requires some
+        (``Distribution.requires``) and refuses an algorithm that lacks one.
+    distribution : str
+        The distribution it runs under when none is named (``daskrl train`` without
+        ``--distribution``), e.g. ``"async"`` for A3C.
 
     Examples
     --------
@@ -210,6 +318,9 @@ class Algorithm:
     64
     >>> algo.resources_for("learner")
     Resources(cpu=1, gpu=0, custom={}, fallback=None)
+    >>> sorted(Algorithm("a", print, print, print, num_steps=1,
+    ...                  capabilities=["gradients"]).capabilities)
+    ['gradients']
     """
 
     name: str
@@ -222,8 +333,19 @@ class Algorithm:
     resources: Mapping[str, Resources] = field(default_factory=dict)
     env_id: str | None = None
     sizes: Sizes | None = None
+    capabilities: frozenset[str] = frozenset()
+    distribution: str = "actors-learner"
 
     def __post_init__(self) -> None:
+        if isinstance(self.capabilities, str):
+            raise TypeError(f"capabilities must be a collection of names, got "
+                            f"{self.capabilities!r}")
+        caps = frozenset(self.capabilities)
+        unknown = sorted(caps - set(CAPABILITIES))
+        if unknown:
+            raise ValueError(f"unknown capabilities {unknown}: choose from "
+                             f"{', '.join(sorted(CAPABILITIES))}")
+        object.__setattr__(self, "capabilities", caps)
         for role, res in self.resources.items():
             check_role(role)
             if role not in ROLES:

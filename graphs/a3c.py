@@ -1,9 +1,9 @@
 """A3C on gymnasium envs: actors send gradients of their own rollouts, the learner applies each
 as it arrives.
 
-Run: ``daskrl train graphs/a3c.py --distribution async --steps 500000``. Under a synchronous
-distribution (e.g. ``actors-learner``) the same fragments run synchronous A2C: one step per
-iteration on all actors' batches.
+Run: ``daskrl train graphs/a3c.py --steps 500000`` (the graph's distribution is ``async``).
+Under a synchronous distribution (e.g. ``--distribution actors-learner``) the same fragments
+run synchronous A2C: one step per iteration on all actors' batches.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class Config:
     norm_adv: bool = setting("normalise advantages per gradient", False)
     hidden: int = setting("hidden units in each of the two layers", 64)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
+    compile: bool = setting("differentiate a torch.compile-d loss (inductor's on-disk cache, in "
+                            "$TORCHINDUCTOR_CACHE_DIR, spares later runs the compile)", False)
 
     def hyper(self) -> A2CHyper:
         """The loss and optimiser settings."""
@@ -54,7 +56,8 @@ def make_actor(config: Config, seed: int) -> GradientActor:
 def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
                  ) -> A2CLearner:
     """Role ``learner``: the network and optimiser, on ``device``."""
-    return A2CLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(), device)
+    return A2CLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(), device,
+                      compile=config.compile)
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
@@ -63,8 +66,8 @@ def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
 
 
 def build(config: Config) -> Algorithm:
-    """A3C as an :class:`~daskrl.Algorithm`; ``--distribution async`` applies its gradients
-    as they arrive."""
+    """A3C as an :class:`~daskrl.Algorithm`; its default distribution, ``async``, applies its
+    gradients as they arrive."""
     if config.num_steps % config.rollout_steps:
         raise ValueError(f"--num-steps {config.num_steps} must be a multiple of "
                          f"--rollout-steps {config.rollout_steps}")
@@ -85,4 +88,7 @@ def build(config: Config) -> Algorithm:
             "evaluate": Resources(cpu=1),
         },
         env_id=config.env,
+        # GradientActor is a VecEnvActor, A2CLearner an autograd learner: every distribution
+        capabilities={"gradient-actor", "gradients", "resizable-actor", "split-actor"},
+        distribution="async",
     )

@@ -38,6 +38,8 @@ class Config:
     max_grad_norm: float = setting("gradient-norm clip", 0.5)
     hidden: int = setting("hidden units in each of the two layers", 64)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
+    compile: bool = setting("differentiate a torch.compile-d loss (inductor's on-disk cache, in "
+                            "$TORCHINDUCTOR_CACHE_DIR, spares later runs the compile)", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
 
@@ -59,7 +61,7 @@ def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, devi
                  ) -> ActorCriticLearner:
     """Role ``learner``: the network and optimiser, on ``device``."""
     return ActorCriticLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(),
-                              device)
+                              device, compile=config.compile)
 
 
 def make_actor(config: Config, seed: int) -> VecEnvActor:
@@ -95,4 +97,5 @@ def build(config: Config) -> Algorithm:
         },
         env_id=config.env,
         sizes=Sizes(transition_bytes(obs_dim), params),  # for the memory check at launch
+        capabilities={"gradients", "resizable-actor", "split-actor"},  # VecEnvActor, PPO
     )

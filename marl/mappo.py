@@ -31,7 +31,7 @@ import time
 from typing import Any, NamedTuple
 
 from .mappo_env import EnvSpec, layout_of, task_device, task_gpu
-from .mappo_learner import MAPPOHyper, MAPPOLearner, mappo_update, team_metrics
+from .mappo_learner import MAPPOHyper, MAPPOLearner, team_metrics
 from .mappo_model import MAPPOModel, ModelSpec, TeamLayout, ValueNorm, sample
 from .mappo_rollout import (
     HEADLINE_TEAM,
@@ -46,7 +46,7 @@ from .mappo_rollout import (
 __all__ = [
     "HEADLINE_TEAM", "EnvSpec", "EpisodeTracker", "MAPPOActor", "MAPPOHyper", "MAPPOLearner",
     "MAPPOModel", "ModelSpec", "RolloutSpec", "TeamLayout", "ValueNorm", "advantages",
-    "evaluate_teams", "gae_tensor", "layout_of", "mappo_update", "sample", "task_device",
+    "evaluate_teams", "gae_tensor", "layout_of", "sample", "task_device",
     "task_gpu", "team_metrics", "InlineRun", "train_inline",
 ]
 

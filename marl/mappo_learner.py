@@ -1,15 +1,18 @@
-"""MAPPO's learner side: the clipped-surrogate update of every team, and the learner object.
+"""MAPPO's learner: the clipped-surrogate update of every team, by autograd and ``torch.optim``.
 
 Minibatches are sets of (step, env) slots carrying all their agents, so a central critic
-always sees whole environments. Each team's loss uses :mod:`daskrl.algos.ppo`'s
-``policy_loss``, ``value_loss`` and ``normalize``; the teams' losses are summed into one
-backward pass, and each team's actor and critic gradients are clipped on their own.
+always sees whole environments. Each team's loss is :func:`daskrl.algos.losses.ppo_loss`;
+the teams' losses are summed and differentiated together, and each team's actor and critic
+gradients are clipped on their own (``clip_grad_norm_``) before the Adam step.
+
+The learner follows :class:`daskrl.algorithm.GradientLearner`: the value normalisers' batch
+statistics and the team-return sums are its :meth:`MAPPOLearner.statistics`, which
+data-parallel replicas average before the plan, apart from the gradients.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +20,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from daskrl.algos.ppo import normalize, policy_loss, value_loss
+from daskrl.algorithm import UpdatePlan
+from daskrl.algos.losses import ppo_loss
+from daskrl.algos.ppo import explained_variance
 
 from .mappo_model import MAPPOModel, ModelSpec, TeamLayout
 
-GradHook = Callable[[list[Tensor]], None]
 PARTS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
 
@@ -81,6 +85,12 @@ def concat(batches: list[dict[str, Any]], device: str | torch.device) -> dict[st
     return {k: torch.cat([torch.as_tensor(b[k], device=device) for b in batches]) for k in keys}
 
 
+def _returns(batches: list[dict[str, Any]]) -> Tensor:
+    """The batches' per-agent returns ``[S, A]`` (numpy or tensors), joined along the slots."""
+    parts = [torch.as_tensor(b["returns"]) for b in batches]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def team_metrics(stats: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
     """``return_mean/<team>`` over the episodes the batches finished, and agent counts.
 
@@ -97,72 +107,6 @@ def team_metrics(stats: list[dict[str, Any]], names: tuple[str, ...]) -> dict[st
     out["agents"] = sum(int(s.get("agents", 0)) for s in stats)
     out["agent_steps"] = sum(int(s.get("agent_steps", 0)) for s in stats)
     return out
-
-
-def mappo_update(model: MAPPOModel, optimizer: torch.optim.Optimizer, data: dict[str, Tensor],
-                 old_values: dict[int, Tensor], hp: MAPPOHyper, teams: list[int],
-                 generator: torch.Generator, grad_hook: GradHook | None = None
-                 ) -> dict[str, float]:
-    """``update_epochs`` x ``num_minibatches`` clipped-surrogate steps of ``teams``.
-
-    ``data`` holds ``obs [S, A, D]``, ``actions, logp, values, advantages, returns [S, A]``
-    for ``S`` (step, env) slots. Value normalisers must already hold this batch's returns.
-    ``grad_hook`` gets the gradients of ``teams``' parameters after each backward pass.
-
-    Returns mean losses per team (``losses/<part>/<team>``) and over teams (``losses/<part>``).
-    """
-    n = len(data["obs"])
-    if n < hp.num_minibatches:
-        raise ValueError(f"a batch of {n} (step, env) slots cannot make {hp.num_minibatches} "
-                         "minibatches: lower --num-minibatches or raise --num-envs")
-    groups = model.parameter_groups(teams)
-    params = [p for g in groups for p in g]
-    targets = {t: model.value_norms[t].normalize(model.team_actions(data["returns"], t))
-               for t in teams}
-    sums = torch.zeros(len(teams), len(PARTS), device=data["obs"].device)
-    steps = 0
-    for _ in range(hp.update_epochs):
-        perm = torch.randperm(n, generator=generator).to(data["obs"].device)
-        for idx in torch.tensor_split(perm, hp.num_minibatches):
-            obs, actions = data["obs"][idx], data["actions"][idx]
-            loss = torch.zeros((), device=obs.device)
-            for i, t in enumerate(teams):
-                new_logp, entropy, new_v = model.evaluate(obs, actions, t)
-                log_ratio = new_logp - model.team_actions(data["logp"], t)[idx].reshape(-1)
-                ratio = log_ratio.exp()
-                adv = model.team_actions(data["advantages"], t)[idx].reshape(-1)
-                adv = normalize(adv) if len(adv) > 1 else adv
-                pg = policy_loss(adv, ratio, hp.clip_coef)
-                vf = value_loss(new_v, old_values[t][idx].reshape(-1), targets[t][idx].reshape(-1),
-                                hp.clip_coef, hp.clip_vloss)
-                ent = entropy.mean()
-                loss = loss + pg - hp.ent_coef * ent + hp.vf_coef * vf
-                with torch.no_grad():
-                    kl = ((ratio - 1) - log_ratio).mean()
-                    clipfrac = ((ratio - 1).abs() > hp.clip_coef).float().mean()
-                    sums[i] += torch.stack([pg, vf, ent, kl, clipfrac]).detach()
-            optimizer.zero_grad(set_to_none=False)
-            loss.backward()
-            if grad_hook is not None:
-                grad_hook([_grad(p) for p in params])
-            for g in groups:
-                nn.utils.clip_grad_norm_(g, hp.max_grad_norm)
-            optimizer.step()
-            steps += 1
-    means = (sums / steps).tolist()
-    out: dict[str, float] = {}
-    for i, t in enumerate(teams):
-        for j, part in enumerate(PARTS):
-            out[f"losses/{part}/{model.layout.names[t]}"] = means[i][j]
-    for j, part in enumerate(PARTS):
-        out[f"losses/{part}"] = float(np.mean([m[j] for m in means]))
-    return out
-
-
-def _grad(p: nn.Parameter) -> Tensor:
-    if p.grad is None:
-        p.grad = torch.zeros_like(p)
-    return p.grad
 
 
 class MAPPOLearner:
@@ -190,8 +134,8 @@ class MAPPOLearner:
     >>> actor = MAPPOActor(EnvSpec(), ModelSpec(), RolloutSpec(), num_envs=4, seed=0)
     >>> actor.set_weights(learner.weights(), 0)
     >>> m = learner.update([actor.rollout(25)], progress=0.0)
-    >>> m["agents"], "return_mean/adversary" in m, learner.gradient_steps()
-    (16, True, 2)
+    >>> m["agents"], "return_mean/adversary" in m, learner.update_plan().steps
+    (16, True, 1)
     """
 
     def __init__(self, layout: TeamLayout, model: ModelSpec, hp: MAPPOHyper, seed: int,
@@ -203,63 +147,136 @@ class MAPPOLearner:
         self.teams = sorted(layout.team_index(n) for n in names)
         if not self.teams:
             raise ValueError("no team to train: leave at least one team out of random_teams")
-        params = [p for g in self.model.parameter_groups(self.teams) for p in g]
-        self.optimizer = torch.optim.Adam(params, lr=hp.learning_rate, eps=1e-5)
+        self.groups = self.model.parameter_groups(self.teams)
+        self.params = [p for g in self.groups for p in g]
+        self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
+                                          fused=True)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def gradient_steps(self) -> int:
-        """Calls of ``grad_hook`` per :meth:`update`: one for the batch statistics (value
-        normalisation and team returns, averaged over data-parallel replicas), then one per
-        minibatch."""
-        return 1 + self.hp.update_epochs * self.hp.num_minibatches
+    def update_plan(self) -> UpdatePlan:
+        """``update_epochs * num_minibatches`` steps, after merging :meth:`statistics`."""
+        return UpdatePlan(steps=self.hp.update_epochs * self.hp.num_minibatches, statistics=True)
 
-    def update(self, batches: list[dict[str, Any]], progress: float,
-               grad_hook: GradHook | None = None) -> dict[str, float]:
-        """One MAPPO update on the batches; returns losses, team returns and speeds.
-
-        With ``grad_hook`` (data-parallel), its first call averages this batch's value-target
-        statistics and team-return sums over the replicas, so every replica's value
-        normalisers make the same step and ``return_mean/<team>`` covers all replicas.
-        """
-        t0 = time.time()
-        stats = [b["stats"] for b in batches]
-        data = concat(batches, self.device)
-        model, teams = self.model, self.teams
-        sync = self._batch_sync(data, stats)
-        if grad_hook is not None:
-            grad_hook(sync)
-        old_values = {}
-        for i, t in enumerate(teams):
-            vn = model.value_norms[t]
-            old_values[t] = vn.normalize(model.team_actions(data["values"], t))
-            vn.update(sync[0][2 * i : 2 * i + 2])
-        lr = self.hp.learning_rate * (1.0 - progress) if self.hp.anneal_lr else None
+    def schedule(self, progress: float) -> dict[str, float]:
+        """Set the learning rate for ``progress`` (annealed when ``anneal_lr``); return it."""
+        hp = self.hp
+        lr = hp.learning_rate * (1.0 - progress) if hp.anneal_lr else hp.learning_rate
         for group in self.optimizer.param_groups:
-            group["lr"] = self.hp.learning_rate if lr is None else lr
-        metrics = mappo_update(model, self.optimizer, data, old_values, self.hp, teams,
-                               self.generator, grad_hook)
+            group["lr"] = lr
+        return {"charts/learning_rate": lr}
+
+    def statistics(self, batches: list[dict[str, Any]]) -> Tensor:
+        """``[value-target mean and mean square of each trained team, then (return sum,
+        episode count) of each team]`` of these batches (float64, on the CPU).
+
+        Replicas average them (equal-size batches: the mean of means is the overall mean,
+        and a ratio of averaged sums is the overall ratio), so every replica's value
+        normalisers take the same step and ``return_mean/<team>`` covers every replica.
+        """
+        vstats = [self.model.value_norms[t].batch_stats(self.model.team_actions(
+            _returns(batches), t)).cpu() for t in self.teams]
+        rsum = []
+        for name in self.layout.names:
+            values = [r for b in batches for r in b["stats"].get("team_returns", {}).get(name, [])]
+            rsum += [float(np.sum(values)) if values else 0.0, float(len(values))]
+        return torch.cat([*vstats, torch.tensor(rsum, dtype=torch.float64)])
+
+    def minibatches(self, batches: list[dict[str, Any]], progress: float,
+                    statistics: Tensor | None = None) -> list[dict[str, Any]]:
+        """Start an update: fold ``statistics`` (default: these batches' own) into the value
+        normalisers, set the learning rate, return ``update_epochs * num_minibatches``
+        minibatches of (step, env) slots with each trained team's loss inputs."""
+        self._t0 = time.time()
+        stats = self.statistics(batches) if statistics is None else statistics
+        data = concat(batches, self.device)
+        n = len(data["obs"])
+        if n < self.hp.num_minibatches:
+            raise ValueError(f"a batch of {n} (step, env) slots cannot make "
+                             f"{self.hp.num_minibatches} minibatches: lower --num-minibatches "
+                             "or raise --num-envs")
+        model = self.model
+        team: dict[int, dict[str, Tensor]] = {}
+        for i, t in enumerate(self.teams):
+            vn = model.value_norms[t]
+            old_values = vn.normalize(model.team_actions(data["values"], t))
+            vn.update(stats[2 * i : 2 * i + 2])
+            team[t] = {"old_values": old_values,
+                       "targets": vn.normalize(model.team_actions(data["returns"], t)),
+                       "logp": model.team_actions(data["logp"], t),
+                       "advantages": model.team_actions(data["advantages"], t)}
+        self.schedule(progress)
+        self._update = (data, stats, [b["stats"] for b in batches])
+        plan = []
+        for _ in range(self.hp.update_epochs):
+            perm = torch.randperm(n, generator=self.generator).to(data["obs"].device)
+            for idx in torch.tensor_split(perm, self.hp.num_minibatches):
+                plan.append({"obs": data["obs"][idx], "actions": data["actions"][idx],
+                             "teams": {t: {k: v[idx].reshape(-1) for k, v in parts.items()}
+                                       for t, parts in team.items()}})
+        return plan
+
+    def compute_gradients(self, minibatch: dict[str, Any]
+                          ) -> tuple[list[Tensor], dict[str, float]]:
+        """Autograd gradients of the sum of the trained teams' PPO losses, and each team's
+        loss parts (``losses/<part>/<team>``)."""
+        hp, model = self.hp, self.model
+        obs, actions = minibatch["obs"], minibatch["actions"]
+        loss = torch.zeros((), device=obs.device)
+        parts = []
+        for t in self.teams:
+            mb = minibatch["teams"][t]
+            new_logp, entropy, new_v = model.evaluate(obs, actions, t)
+            team_loss, team_parts = ppo_loss(
+                new_logp, entropy, new_v, mb["logp"], mb["old_values"], mb["advantages"],
+                mb["targets"], clip_coef=hp.clip_coef, ent_coef=hp.ent_coef,
+                vf_coef=hp.vf_coef, clip_vloss=hp.clip_vloss, norm_adv=True)
+            loss = loss + team_loss
+            parts.append(team_parts)
+        grads = torch.autograd.grad(loss, self.params)
+        values = torch.stack(parts).tolist()
+        names = self.layout.names
+        return list(grads), {f"losses/{part}/{names[t]}": values[i][j]
+                             for i, t in enumerate(self.teams) for j, part in enumerate(PARTS)}
+
+    def apply_gradients(self, grads: list[Tensor]) -> None:
+        """Clip each team's actor and critic gradients on their own, then one Adam step."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g.to(p.device)
+        for group in self.groups:
+            nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
+        self.optimizer.step()
+
+    def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
+        """Mean losses per team and over teams, explained variance, team returns (over every
+        replica when the statistics were merged), learning rate and speeds."""
+        data, stats, batch_stats = self._update
+        metrics = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[0]}
+        for part in PARTS:
+            metrics[f"losses/{part}"] = float(np.mean(
+                [metrics[f"losses/{part}/{self.layout.names[t]}"] for t in self.teams]))
         metrics.update(self._explained_variance(data))
-        metrics.update(team_metrics(stats, self.layout.names))
-        sums = sync[1].view(-1, 2).tolist()
+        metrics.update(team_metrics(batch_stats, self.layout.names))
+        sums = stats[2 * len(self.teams):].view(-1, 2).tolist()
         for name, (total, count) in zip(self.layout.names, sums, strict=True):
             metrics[f"return_mean/{name}"] = total / count if count else float("nan")
-        update_s = time.time() - t0
-        rollout_s = max(s["t_end"] - s["t_start"] for s in stats)
+        update_s = time.time() - self._t0
+        rollout_s = max(s["t_end"] - s["t_start"] for s in batch_stats)
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         metrics.update(update_s=update_s,
                        agent_steps_per_s=metrics["agent_steps"] / max(rollout_s + update_s, 1e-9))
+        del self._update
         return metrics
 
-    def _batch_sync(self, data: dict[str, Tensor], stats: list[dict[str, Any]]) -> list[Tensor]:
-        """``[value-target stats of each trained team, (return sum, count) of each team]``."""
-        vstats = [self.model.value_norms[t].batch_stats(self.model.team_actions(
-            data["returns"], t)) for t in self.teams]
-        rsum = []
-        for name in self.layout.names:
-            values = [r for s in stats for r in s.get("team_returns", {}).get(name, [])]
-            rsum += [float(np.sum(values)) if values else 0.0, float(len(values))]
-        dev = data["obs"].device
-        return [torch.cat(vstats).to(dev), torch.tensor(rsum, dtype=torch.float64, device=dev)]
+    def update(self, batches: list[dict[str, Any]], progress: float) -> dict[str, float]:
+        """One MAPPO update on the batches; returns losses, team returns and speeds."""
+        steps = []
+        for mb in self.minibatches(batches, progress):
+            grads, metrics = self.compute_gradients(mb)
+            self.apply_gradients(grads)
+            steps.append(metrics)
+        return self.finish_update(steps)
 
     @torch.no_grad()
     def _explained_variance(self, data: dict[str, Tensor]) -> dict[str, float]:
@@ -267,9 +284,7 @@ class MAPPOLearner:
         for t in self.teams:
             y = self.model.team_actions(data["returns"], t).reshape(-1).float()
             v = self.model.team_actions(data["values"], t).reshape(-1).float()
-            var = torch.var(y) if len(y) > 1 else torch.tensor(0.0)
-            ev = float("nan") if var == 0 else float(1 - torch.var(y - v) / var)
-            out[f"losses/explained_variance/{self.layout.names[t]}"] = ev
+            out[f"losses/explained_variance/{self.layout.names[t]}"] = explained_variance(y, v)
         return out
 
     def weights(self) -> dict[str, Tensor]:

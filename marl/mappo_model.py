@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from daskrl.algos.networks import mlp
+from daskrl.algos.networks import mlp, sample
+
+__all__ = ["CRITICS", "STATES", "MAPPOModel", "ModelSpec", "TeamLayout", "ValueNorm", "sample"]
 
 CRITICS = ("central", "local")
 STATES = ("concat", "pooled")
@@ -327,25 +329,6 @@ class MAPPOModel(nn.Module):
     def parameter_groups(self, teams: list[int]) -> list[list[nn.Parameter]]:
         """Per-team actor and critic parameters of ``teams`` (each clipped on its own)."""
         return [list(m.parameters()) for t in teams for m in (self.actors[t], self.critics[t])]
-
-
-def sample(logits: Tensor, generator: torch.Generator | None, deterministic: bool = False
-           ) -> tuple[Tensor, Tensor]:
-    """Categorical sample (Gumbel-max with ``generator``'s noise) or argmax, and its log-prob.
-
-    Examples
-    --------
-    >>> a, lp = sample(torch.tensor([[0.0, 50.0]]), None, deterministic=True)
-    >>> a.tolist(), abs(round(lp.item(), 4))
-    ([1], 0.0)
-    """
-    logp_all = torch.log_softmax(logits.float(), -1)
-    if deterministic:
-        actions = logp_all.argmax(-1)
-    else:
-        u = torch.rand(logp_all.shape, generator=generator, device=logits.device)
-        actions = (logp_all - (-u.clamp_min(1e-12).log()).log()).argmax(-1)
-    return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
 
 
 def _as_slice(agents: tuple[int, ...]) -> slice | None:

@@ -1,4 +1,5 @@
-"""GAE and PPO maths against hand-computed values, hand-written gradients against autograd."""
+"""GAE and PPO maths against hand-computed values; the learner's update by autograd and
+torch.optim."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from daskrl.algos import losses
+from daskrl.algos.a2c import A2CHyper, A2CLearner, GradientActor
 from daskrl.algos.gae import gae
-from daskrl.algos.networks import DiscreteActorCritic, FlatParameters
-from daskrl.algos.optim import FlatAdam
-from daskrl.algos.ppo import PPOHyper, normalize, policy_loss, ppo_loss, ppo_update, value_loss
-from daskrl.algos.ppo_grads import ppo_grads, supports
+from daskrl.algos.learner import ActorCriticLearner
+from daskrl.algos.losses import normalize, policy_loss, value_loss
+from daskrl.algos.networks import DiscreteActorCritic, sample
+from daskrl.algos.ppo import PPOHyper, ppo_loss
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,7 +162,16 @@ def batch_of(n, scale=1.0, seed=0):
             "logp": np.full(n, math.log(0.5), np.float32),
             "values": np.zeros(n, np.float32),
             "advantages": (scale * rng.normal(size=n)).astype(np.float32),
-            "returns": (scale * rng.normal(size=n)).astype(np.float32)}
+            "returns": (scale * rng.normal(size=n)).astype(np.float32),
+            "stats": {}}
+
+
+def learner_with(net, hp, seed=0):
+    """An ActorCriticLearner whose network is ``net`` (its optimiser rebuilt for it)."""
+    learner = ActorCriticLearner(4, 2, seed, (16, 16), hp)
+    learner.net = net
+    learner.params = list(net.parameters())  # the optimiser is built over them on first use
+    return learner
 
 
 def count_steps(optimizer):
@@ -169,146 +181,162 @@ def count_steps(optimizer):
 
 
 @pytest.mark.parametrize("n, epochs, minibatches", [(16, 3, 4), (12, 2, 3), (8, 1, 1)])
-def test_ppo_update_runs_epochs_times_minibatches_steps(n, epochs, minibatches):
+def test_update_runs_epochs_times_minibatches_steps(n, epochs, minibatches):
     net = Recording()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    steps = count_steps(opt)
     hp = PPOHyper(update_epochs=epochs, num_minibatches=minibatches)
-    out = ppo_update(net, opt, batch_of(n), hp, torch.Generator().manual_seed(0))
-    assert len(steps) == epochs * minibatches
+    learner = learner_with(net, hp)
+    steps = count_steps(learner.optimizer)
+    out = learner.update([batch_of(n)], 0.0)
+    assert len(steps) == epochs * minibatches == learner.update_plan().steps
     size = n // minibatches
     assert [len(mb) for mb in net.minibatches] == [size] * (epochs * minibatches)
     for e in range(epochs):  # every sample exactly once per epoch, in shuffled minibatches
         epoch = net.minibatches[e * minibatches:(e + 1) * minibatches]
         assert sorted(i for mb in epoch for i in mb) == list(range(n))
     assert set(out) >= {"losses/policy_loss", "losses/value_loss", "losses/entropy",
-                        "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"}
+                        "losses/approx_kl", "losses/clipfrac", "losses/explained_variance",
+                        "charts/learning_rate"}
 
 
-def test_ppo_update_keeps_the_minibatch_count_when_n_does_not_divide():
-    net = Recording()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    steps = count_steps(opt)
-    ppo_update(net, opt, batch_of(9), PPOHyper(update_epochs=2, num_minibatches=4),
-               torch.Generator().manual_seed(0))
+def test_update_keeps_the_minibatch_count_when_n_does_not_divide():
+    learner = learner_with(Recording(), PPOHyper(update_epochs=2, num_minibatches=4))
+    steps = count_steps(learner.optimizer)
+    assert len(learner.minibatches([batch_of(9)], 0.0)) == 8
+    learner.update([batch_of(9)], 0.0)
     assert len(steps) == 2 * 4
 
 
-def test_ppo_update_clips_the_gradient_norm():
-    net = DiscreteActorCritic(4, 2, (16, 16))
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
-    params = list(net.parameters())
-    before, after = [], []
+def test_apply_gradients_clips_the_gradient_norm():
+    hp = PPOHyper(update_epochs=2, num_minibatches=2, max_grad_norm=0.5, norm_adv=False)
+    learner = ActorCriticLearner(4, 2, 0, (16, 16), hp)
+    after = []
 
     def norm(grads):
         return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
 
-    opt.register_step_pre_hook(
-        lambda o, args, kwargs: after.append(norm([p.grad for p in params])))
-    hp = PPOHyper(update_epochs=2, num_minibatches=2, max_grad_norm=0.5, norm_adv=False)
-    ppo_update(net, opt, batch_of(32, scale=1000.0), hp, torch.Generator().manual_seed(1),
-               grad_hook=lambda grads: before.append(norm(grads)))
+    learner.optimizer.register_step_pre_hook(
+        lambda o, args, kwargs: after.append(norm([p.grad for p in learner.params])))
+    before = []
+    for mb in learner.minibatches([batch_of(32, scale=1000.0)], 0.0):
+        grads, _ = learner.compute_gradients(mb)
+        before.append(norm(grads))
+        learner.apply_gradients(grads)
     assert len(before) == len(after) == 4
     assert min(before) > 0.5  # the gradients were large ...
     assert max(after) <= 0.5 + 1e-4  # ... and clipped to max_grad_norm before each step
 
 
-def test_ppo_update_sets_the_learning_rate_and_stops_early_on_kl():
-    net = Recording()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    steps = count_steps(opt)
-    hp = PPOHyper(update_epochs=4, num_minibatches=2, target_kl=-1.0)  # always exceeded
-    ppo_update(net, opt, batch_of(8), hp, torch.Generator().manual_seed(0), lr=0.0123)
-    assert opt.param_groups[0]["lr"] == 0.0123
-    assert len(steps) == 2  # one epoch, then the KL check stops the update
-
-
-def test_ppo_update_is_reproducible_with_a_seeded_generator():
-    outs = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        net = DiscreteActorCritic(4, 2, (16, 16))
-        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-        ppo_update(net, opt, batch_of(16), PPOHyper(), torch.Generator().manual_seed(3))
-        outs.append(net.state_dict())
-    for k in outs[0]:
-        torch.testing.assert_close(outs[0][k], outs[1][k])
-
-
-@pytest.mark.parametrize("use_numpy", [True, False])
-@pytest.mark.parametrize("norm_adv", [True, False])
-@pytest.mark.parametrize("clip_vloss", [True, False])
-def test_hand_written_gradients_equal_autograd(norm_adv, clip_vloss, use_numpy):
-    torch.manual_seed(0)
-    net = DiscreteActorCritic(4, 3, (16, 16))
-    hp = PPOHyper(norm_adv=norm_adv, clip_vloss=clip_vloss, ent_coef=0.05, vf_coef=0.7)
-    assert supports(net) and not supports(Recording())
-    n = 64
-    obs = torch.randn(n, 4)
-    actions = torch.randint(0, 3, (n,))
-    with torch.no_grad():
-        logp_now, _, v_now = net.evaluate(obs, actions)
-    # old log-probs and values: a third equal to now (ratio 1: ties between the clipped and
-    # unclipped terms), a third a little off (inside the clip range), a third far off
-    off = torch.cat([torch.zeros(n // 3), 0.05 * torch.randn(n // 3),
-                     torch.randn(n - 2 * (n // 3))])
-    mb = {"obs": obs, "actions": actions, "logp": logp_now + off, "values": v_now - 2 * off,
-          "advantages": torch.randn(n), "returns": v_now + torch.randn(n)}
-    loss, parts = ppo_loss(net, mb, hp)
-    net.zero_grad()
+def test_compute_gradients_are_autograd_gradients_of_the_loss():
+    hp = PPOHyper(ent_coef=0.05, vf_coef=0.7)
+    learner = ActorCriticLearner(4, 3, 0, (16, 16), hp)
+    mb = learner.minibatches([batch_of(16)], 0.0)[0]
+    grads, parts = learner.compute_gradients(mb)
+    loss, expected = ppo_loss(learner.net, mb, hp)
+    learner.net.zero_grad()
     loss.backward()
-    expected = [p.grad.clone() for p in net.parameters()]
-    for p in net.parameters():
-        p.grad = torch.full_like(p, 123.0)  # overwritten, not added to
-    mine = ppo_grads(net, mb, hp, use_numpy=use_numpy)
-    for name, p, g in zip(dict(net.named_parameters()), net.parameters(), expected,
-                          strict=True):
-        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6, msg=name)
-    for key, value in parts.items():
-        torch.testing.assert_close(mine[key], value.detach(), msg=key)
+    for (name, p), g in zip(learner.net.named_parameters(), grads, strict=True):
+        torch.testing.assert_close(g, p.grad, msg=name)
+    assert parts == pytest.approx({k: float(v) for k, v in expected.items()})
 
 
-def test_ppo_update_by_hand_matches_autograd_step_for_step():
-    """Two identical nets, one updated through the hand-written gradients (a plain
-    DiscreteActorCritic), one through autograd (a subclass): the same weights after."""
-
-    class Autograd(DiscreteActorCritic):
-        pass
-
-    batch = batch_of(48)
-    nets = []
-    for cls in (DiscreteActorCritic, Autograd):
-        torch.manual_seed(5)
-        net = cls(4, 2, (16, 16))
-        opt = torch.optim.Adam(net.parameters(), lr=1e-2, eps=1e-5)
-        ppo_update(net, opt, batch, PPOHyper(update_epochs=2, num_minibatches=3),
-                   torch.Generator().manual_seed(3))
-        nets.append(net)
-    assert supports(nets[0]) and not supports(nets[1])
-    for (name, a), b in zip(nets[0].state_dict().items(), nets[1].state_dict().values(),
-                            strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+def test_update_sets_the_learning_rate_and_stops_early_on_kl():
+    hp = PPOHyper(update_epochs=4, num_minibatches=2, target_kl=-1.0, learning_rate=0.02)
+    learner = learner_with(Recording(), hp)
+    steps = count_steps(learner.optimizer)
+    out = learner.update([batch_of(8)], progress=0.25)
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.015)  # annealed
+    assert out["charts/learning_rate"] == pytest.approx(0.015)
+    assert len(steps) == 2  # one epoch, then the KL check stops the update
+    with pytest.raises(ValueError, match="target_kl"):
+        learner.update_plan()  # replicas of a data-parallel run could stop apart
 
 
-def test_flat_adam_steps_like_torch_adam_and_resumes_from_its_state():
-    torch.manual_seed(1)
-    ours, ref = DiscreteActorCritic(4, 2, (8, 8)), DiscreteActorCritic(4, 2, (8, 8))
-    ref.load_state_dict(ours.state_dict())
-    flat = FlatParameters(ours)
-    opt = FlatAdam(flat.tensor, lr=1e-2, eps=1e-5)
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, eps=1e-5)
-    for step in range(5):
-        grads = [torch.randn_like(p) for p in ref.parameters()]
-        for p, q, g in zip(ours.parameters(), ref.parameters(), grads, strict=True):
-            p.grad.copy_(g)
-            q.grad = g.clone()
-        opt.step()
-        ref_opt.step()
-        if step == 2:  # a resumed optimiser continues exactly
-            state = {k: v for k, v in opt.state_dict().items()}
-            opt = FlatAdam(flat.tensor, lr=1.0)
-            opt.load_state_dict(state)
-    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values(), strict=True):
-        torch.testing.assert_close(a, b, msg=name)
-    with pytest.raises(ValueError, match="one state per parameter"):
-        opt.load_state_dict(ref_opt.state_dict())
+def test_update_is_reproducible_and_resumes_exactly():
+    def run(split):
+        learner = ActorCriticLearner(4, 2, 3, (16, 16), PPOHyper())
+        for k in range(3):
+            if k == split:  # a resumed learner: a fresh one loading the state
+                state = learner.state_dict()
+                learner = ActorCriticLearner(4, 2, 99, (16, 16), PPOHyper())
+                learner.load_state_dict(state)
+            learner.update([batch_of(16, seed=k)], k / 3)
+        return learner.weights()
+
+    straight, resumed = run(None), run(2)
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+
+
+def test_update_steps_torch_adam():
+    learner = ActorCriticLearner(4, 2, 0, (16, 16), PPOHyper())
+    assert learner.state_dict()["optimizer"] is None  # not built before the first update
+    assert type(learner.optimizer) is torch.optim.Adam
+    assert learner.optimizer.defaults["eps"] == 1e-5  # as CleanRL
+    before = {k: v.clone() for k, v in learner.weights().items()}
+    learner.update([batch_of(16)], 0.0)
+    assert len(learner.optimizer.state) == len(learner.params)
+    assert any(not torch.equal(before[k], v) for k, v in learner.weights().items())
+
+
+def test_compiled_loss_matches_the_eager_loss():
+    pytest.importorskip("torch._inductor")
+    eager = ActorCriticLearner(4, 2, 0, (16, 16), PPOHyper())
+    fast = ActorCriticLearner(4, 2, 0, (16, 16), PPOHyper(), compile=True)
+    mb = eager.minibatches([batch_of(16)], 0.0)[0]
+    (g1, p1), (g2, p2) = eager.compute_gradients(mb), fast.compute_gradients(mb)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert p1 == pytest.approx(p2, rel=1e-4, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- A2C / A3C
+
+
+def test_a2c_actor_and_learner_compute_the_same_gradients():
+    learner = A2CLearner(4, 2, seed=0, hp=A2CHyper())
+    actor = GradientActor("CartPole-v1", 2, seed=0, rollout_steps=4)
+    actor.set_weights(learner.weights(), 0)
+    snapshot = actor.rollout  # the actor's batch, kept to hand to the learner
+    kept = []
+    actor.rollout = lambda n: kept.append(snapshot(n)) or kept[-1]
+    grads, stats = actor.gradients()
+    (mb,) = learner.minibatches(kept, 0.0)
+    mine, parts = learner.compute_gradients(mb)
+    for a, b in zip(grads, mine, strict=True):
+        torch.testing.assert_close(a, b)
+    assert stats["losses/policy_loss"] == pytest.approx(parts["losses/policy_loss"])
+    assert learner.update_plan().steps == 1
+    learner.schedule(0.5)
+    learner.apply_gradients(grads)
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)
+
+
+def test_a2c_loss_parts():
+    logp, ent = torch.tensor([-1.0, -2.0]), torch.tensor([0.5, 0.7])
+    v, adv, ret = torch.tensor([0.0, 1.0]), torch.tensor([1.0, 3.0]), torch.tensor([1.0, 1.0])
+    loss, parts = losses.a2c_loss(logp, ent, v, adv, ret, ent_coef=0.1, vf_coef=0.5)
+    # pg = -(1 * -1 + 3 * -2) / 2 = 3.5; vf = 0.5 * (1 + 0) / 2 = 0.25; ent = 0.6
+    assert parts.tolist() == pytest.approx([3.5, 0.25, 0.6])
+    assert loss.item() == pytest.approx(3.5 + 0.5 * 0.25 - 0.1 * 0.6)
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def test_actor_inference_samples_from_the_policy_with_a_seeded_generator():
+    net = DiscreteActorCritic(4, 3, (16, 16))
+    obs = np.random.default_rng(0).normal(size=(4000, 4)).astype(np.float32)
+    a1, logp1, v1 = net.act(obs, torch.Generator().manual_seed(7))
+    a2, _, _ = net.act(obs, torch.Generator().manual_seed(7))
+    assert torch.equal(a1, a2)  # reproducible
+    with torch.no_grad():
+        logp, _, values = net.evaluate(torch.from_numpy(obs), a1.clone())
+    torch.testing.assert_close(logp1, logp)
+    torch.testing.assert_close(v1, values)
+    # frequencies of a sample follow the policy's probabilities
+    probs = torch.softmax(net.actor(torch.zeros(1, 4)), -1)[0].detach()
+    counts = torch.bincount(sample(net.actor(torch.zeros(20000, 4)).detach(),
+                                   torch.Generator().manual_seed(1))[0], minlength=3)
+    torch.testing.assert_close(counts / 20000, probs, atol=0.02, rtol=0)
+    greedy = net.act(obs, deterministic=True)[0]
+    assert torch.equal(greedy, net.actor(torch.from_numpy(obs)).argmax(-1))

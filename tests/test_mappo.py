@@ -13,7 +13,7 @@ from daskrl import Resources
 from daskrl.algos.gae import gae
 from daskrl.cli import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.distributions.data_parallel import GradExchange, digest
+from daskrl.distributions.data_parallel import ReplicaUpdate, digest, sync_rounds
 from daskrl.driver import RunSettings, train
 from marl.mappo import (
     EnvSpec,
@@ -142,16 +142,16 @@ def _replica_pair(avg: bool) -> list[str]:
         for learner, batch in zip(learners, batches, strict=True):
             learner.update([batch], 0.0)
         return [digest(learner.weights()) for learner in learners]
-    exchanges = [GradExchange(lr, [b], 0.0) for lr, b in zip(learners, batches, strict=True)]
-    for _ in range(learners[0].gradient_steps()):
-        grads = [ex.next() for ex in exchanges]
-        assert all(kind == "grads" for kind, _ in grads)
-        mean = (grads[0][1] + grads[1][1]) / 2
-        for ex in exchanges:
-            ex.send(mean)
-    outs = [ex.next() for ex in exchanges]
-    assert all(kind == "done" for kind, _ in outs)
-    ret = [out["return_mean/adversary"] for _, out in outs]
+    updates = [ReplicaUpdate(lr, [b], 0.0) for lr, b in zip(learners, batches, strict=True)]
+    flats = [u.start() for u in updates]
+    rounds = 1
+    while flats[0] is not None:
+        mean = (flats[0] + flats[1]) / 2  # round 0: the value-target statistics, then gradients
+        flats = [u.step(mean) for u in updates]
+        rounds += 1
+    assert flats[1] is None and rounds == sync_rounds(learners[0]) + 1
+    outs = [u.finish() for u in updates]
+    ret = [out["return_mean/adversary"] for out in outs]
     assert ret[0] == ret[1] and np.isfinite(ret[0])  # both replicas' episodes
     return [digest(learner.weights()) for learner in learners]
 

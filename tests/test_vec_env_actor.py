@@ -120,3 +120,19 @@ def test_vec_env_actor_is_reproducible_from_its_seed():
     for key in ("obs", "actions", "advantages"):
         np.testing.assert_array_equal(ba[key], bb[key])
     assert ba["stats"]["policy_version"] == 0
+
+
+def test_rollout_log_probs_and_values_are_the_networks():
+    """Inference runs the same network the learner differentiates: the batch's log-probs and
+    values equal ``net.evaluate`` on its observations and actions; a seed repeats it."""
+    a, b = (VecEnvActor("CartPole-v1", num_envs=4, seed=3) for _ in range(2))
+    b.set_weights(a.net.state_dict(), version=0)
+    first, again = a.rollout(16), b.rollout(16)
+    for key in ("obs", "actions", "logp", "values"):
+        np.testing.assert_array_equal(first[key], again[key])
+    with torch.no_grad():
+        logp, _, values = a.net.evaluate(torch.from_numpy(first["obs"]),
+                                         torch.from_numpy(first["actions"]))
+    np.testing.assert_allclose(first["logp"], logp.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(first["values"], values.numpy(), rtol=1e-5, atol=1e-6)
+    assert len(set(first["actions"].tolist())) == 2  # sampled, not greedy

@@ -1,9 +1,11 @@
-"""Advantage actor-critic (A2C/A3C) losses, a gradient-computing actor and its learner.
+"""Advantage actor-critic (A2C/A3C): settings, a gradient-computing actor and its learner.
 
 A3C: each :class:`GradientActor` rolls out ``rollout_steps`` steps with its copy of the
-weights and returns the loss gradient; :class:`A2CLearner` applies gradients as they
-arrive (``apply_gradients``). Under a synchronous distribution the same learner does one
-A2C step per iteration on the actors' batches (``update``).
+weights and returns the gradient of :func:`a2c_gradients` on them; :class:`A2CLearner`
+applies gradients as they arrive (``schedule`` then ``apply_gradients``). Under a
+synchronous distribution the same learner does one A2C step per iteration on the actors'
+batches (``update``: a plan of one minibatch, the whole batch). Actor and learner compute
+gradients with the same function.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
+from torch import Tensor
 
-from .actor_critic import ActorCriticLearner, VecEnvActor
+from . import losses
+from .actor_critic import VecEnvActor
+from .learner import ActorCriticLearner, Minibatch, batch_tensors, compiled
 from .networks import DiscreteActorCritic
-from .ppo import PPOHyper, clip_grad_norm
+from .ppo import PPOHyper
 
 
 @dataclass(frozen=True)
@@ -37,33 +41,40 @@ class A2CHyper:
     """Normalise advantages per batch."""
 
 
-def a2c_loss(net: DiscreteActorCritic, batch: dict[str, np.ndarray], hp: A2CHyper
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Policy-gradient + value + entropy loss on one batch, and its parts.
+def a2c_loss(net: DiscreteActorCritic, mb: Minibatch, hp: A2CHyper) -> tuple[Tensor, Tensor]:
+    """:func:`daskrl.algos.losses.a2c_loss` of ``net`` on one batch of tensors.
 
     Examples
     --------
     >>> net = DiscreteActorCritic(4, 2)
-    >>> b = {"obs": np.zeros((3, 4), np.float32), "actions": np.zeros(3, np.int64),
-    ...      "advantages": np.ones(3, np.float32), "returns": np.ones(3, np.float32)}
-    >>> loss, parts = a2c_loss(net, b, A2CHyper())
-    >>> loss.shape, sorted(parts)[0]
-    (torch.Size([]), 'losses/entropy')
+    >>> mb = {"obs": torch.zeros(3, 4), "actions": torch.zeros(3, dtype=torch.long),
+    ...       "advantages": torch.ones(3), "returns": torch.ones(3)}
+    >>> loss, parts = a2c_loss(net, mb, A2CHyper())
+    >>> loss.shape, parts.shape
+    (torch.Size([]), torch.Size([3]))
     """
-    dev = next(net.parameters()).device
-    obs = torch.as_tensor(batch["obs"], device=dev)
-    actions = torch.as_tensor(batch["actions"], device=dev)
-    adv = torch.as_tensor(batch["advantages"], device=dev)
-    returns = torch.as_tensor(batch["returns"], device=dev)
-    if hp.norm_adv and len(adv) > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    logp, entropy, values = net.evaluate(obs, actions)
-    pg = -(adv * logp).mean()
-    vf = 0.5 * ((returns - values) ** 2).mean()
-    ent = entropy.mean()
-    loss = pg + hp.vf_coef * vf - hp.ent_coef * ent
-    return loss, {"losses/policy_loss": pg.item(), "losses/value_loss": vf.item(),
-                  "losses/entropy": ent.item()}
+    logp, entropy, values = net.evaluate(mb["obs"], mb["actions"])
+    return losses.a2c_loss(logp, entropy, values, mb["advantages"], mb["returns"],
+                           ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, norm_adv=hp.norm_adv)
+
+
+def a2c_gradients(loss: Any, params: list[Tensor], mb: Minibatch
+                  ) -> tuple[list[Tensor], dict[str, float]]:
+    """Autograd gradients of ``loss(mb)`` for ``params``, and its named parts.
+
+    Examples
+    --------
+    >>> net = DiscreteActorCritic(4, 2)
+    >>> mb = {"obs": torch.zeros(3, 4), "actions": torch.zeros(3, dtype=torch.long),
+    ...       "advantages": torch.ones(3), "returns": torch.ones(3)}
+    >>> grads, parts = a2c_gradients(lambda b: a2c_loss(net, b, A2CHyper()),
+    ...                              list(net.parameters()), mb)
+    >>> len(grads), sorted(parts)
+    (12, ['losses/entropy', 'losses/policy_loss', 'losses/value_loss'])
+    """
+    value, parts = loss(mb)
+    grads = torch.autograd.grad(value, params)
+    return list(grads), dict(zip(losses.A2C_PARTS, parts.tolist(), strict=True))
 
 
 class GradientActor(VecEnvActor):
@@ -90,12 +101,12 @@ class GradientActor(VecEnvActor):
         return GradientActor(self.env_id, num_envs, seed, self.hidden, rec.gamma, rec.gae_lambda,
                              self.step_cost, self.rollout_steps, self.hp)
 
-    def gradients(self) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    def gradients(self) -> tuple[list[Tensor], dict[str, Any]]:
         """Roll out ``rollout_steps`` steps; return the loss gradients (CPU) and the stats."""
         batch = self.rollout(self.rollout_steps)
-        loss, parts = a2c_loss(self.net, batch, self.hp)
-        params = list(self.net.parameters())
-        grads = torch.autograd.grad(loss, params)
+        net = self.net
+        grads, parts = a2c_gradients(lambda mb: a2c_loss(net, mb, self.hp),
+                                     list(net.parameters()), batch_tensors([batch], "cpu"))
         stats = batch["stats"]
         stats.update(parts, rollout_steps=self.rollout_steps)
         return [g.detach() for g in grads], stats
@@ -109,50 +120,34 @@ class A2CLearner(ActorCriticLearner):
     >>> learner = A2CLearner(4, 2, seed=0)
     >>> actor = GradientActor("CartPole-v1", 2, seed=0, rollout_steps=4)
     >>> actor.set_weights(learner.weights(), 0)
-    >>> learner.apply_gradients(actor.gradients()[0], progress=0.0)["charts/learning_rate"]
-    0.001
+    >>> learner.schedule(0.0)
+    {'charts/learning_rate': 0.001}
+    >>> learner.apply_gradients(actor.gradients()[0])
+    >>> learner.update_plan()
+    UpdatePlan(steps=1, statistics=False)
     """
 
     def __init__(self, obs_dim: int, num_actions: int, seed: int,
                  hidden: tuple[int, ...] = (64, 64), hp: A2CHyper | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", compile: bool = False) -> None:
         self.a2c = hp or A2CHyper()
-        base = PPOHyper(learning_rate=self.a2c.learning_rate, anneal_lr=self.a2c.anneal_lr)
+        base = PPOHyper(learning_rate=self.a2c.learning_rate, anneal_lr=self.a2c.anneal_lr,
+                        max_grad_norm=self.a2c.max_grad_norm, update_epochs=1,
+                        num_minibatches=1)
         super().__init__(obs_dim, num_actions, seed, hidden, base, device)
+        self.parts = losses.A2C_PARTS
+        self.loss = compiled(self._loss) if compile else self._loss
 
-    def _step(self, progress: float) -> float:
-        lr = self.a2c.learning_rate * ((1.0 - progress) if self.a2c.anneal_lr else 1.0)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        clip_grad_norm([self.flat.tensor.grad], self.a2c.max_grad_norm)
-        self.optimizer.step()
-        self._weights = None
-        return lr
+    def _loss(self, mb: Minibatch) -> tuple[Tensor, Tensor]:
+        return a2c_loss(self.net, mb, self.a2c)
 
-    def apply_gradients(self, grads: list[torch.Tensor], progress: float) -> dict[str, float]:
-        """One Adam step with gradients computed by an actor (clipped here)."""
-        self.flat.attach()
-        params = list(self.net.parameters())
-        if len(grads) != len(params):
-            raise ValueError(f"got {len(grads)} gradients for {len(params)} parameters")
-        for p, g in zip(params, grads, strict=True):
-            p.grad.copy_(g)  # into the flat gradient the optimiser steps with
-        return {"charts/learning_rate": self._step(progress)}
+    def minibatches(self, batches: list[Any], progress: float,
+                    statistics: Tensor | None = None) -> list[Minibatch]:
+        """Synchronous A2C: one step on the concatenated batches, in rollout order."""
+        self.schedule(progress)
+        self._data = batch_tensors(batches, self.device)
+        return [self._data]
 
-    def update(self, batches: list[dict[str, Any]], progress: float,
-               grad_hook: Any = None) -> dict[str, float]:
-        """Synchronous A2C: one step on the concatenated batches."""
-        keys = [k for k in batches[0] if k != "stats"]
-        batch = {k: np.concatenate([b[k] for b in batches]) for k in keys}
-        self.flat.attach()
-        self.optimizer.zero_grad(set_to_none=False)
-        loss, parts = a2c_loss(self.net, batch, self.a2c)
-        loss.backward()
-        if grad_hook is not None:
-            grad_hook([self.flat.tensor.grad])
-        parts["charts/learning_rate"] = self._step(progress)
-        return parts
-
-    def gradient_steps(self) -> int:
-        """One backward pass per :meth:`update`."""
-        return 1
+    def compute_gradients(self, minibatch: Minibatch) -> tuple[list[Tensor], dict[str, float]]:
+        """:func:`a2c_gradients` of the learner's network (what the actors compute too)."""
+        return a2c_gradients(self.loss, self.params, minibatch)

@@ -136,7 +136,7 @@ class RolloutRecorder:
     def __init__(self, net: DiscreteActorCritic, seed: int, gamma: float = 0.99,
                  gae_lambda: float = 0.95) -> None:
         self.net = net
-        self.generator = np.random.default_rng(seed)
+        self.generator = torch.Generator().manual_seed(seed)
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.version = -1
         self.t = 0
@@ -153,7 +153,6 @@ class RolloutRecorder:
         fit: :meth:`finish` hands out copies, never the buffers)."""
         n = len(obs)
         self.t, self.t_start, self.inference_s = 0, time.time(), 0.0
-        self.layers = self.net.numpy_layers()  # the weights stay put until finish()
         self.returns_done: list[float] = []
         self.lengths_done: list[int] = []
         old = getattr(self, "obs", None)
@@ -182,8 +181,8 @@ class RolloutRecorder:
         if t == len(self.actions):
             self._grow()
         self.obs[t] = obs
-        self.actions[t], self.logp[t], self.values[t] = self.net.act(
-            obs, generator=self.generator, layers=self.layers)
+        actions, logp, values = self.net.act(self.obs[t], self.generator)
+        self.actions[t], self.logp[t], self.values[t] = actions, logp, values
         self.inference_s += time.perf_counter() - t0
         return self.actions[t].copy()  # the buffer is reused by the next rollout
 
@@ -203,8 +202,9 @@ class RolloutRecorder:
         """Bootstrap from ``last_obs``, apply GAE, return the valid transitions and stats."""
         T = self.t
         t0 = time.perf_counter()
-        self.values[T] = self.net.act(last_obs, generator=self.generator, layers=self.layers)[2]
-        self.layers = None  # the next rollout takes fresh copies (and a pickled actor none)
+        with torch.inference_mode():
+            last = torch.as_tensor(last_obs, dtype=torch.float32)
+            self.values[T] = self.net.value(last.reshape(len(last), -1))
         self.inference_s += time.perf_counter() - t0
         adv, ret = gae(self.rewards[:T], self.values[:T], self.values[1 : T + 1],
                        self.terminated[:T], self.done[:T], self.gamma, self.gae_lambda)
@@ -299,6 +299,14 @@ class VecEnvActor:
         """Load the learner's weights unless this version is already loaded."""
         self.recorder.set_weights(weights, version)
 
+    def env_part(self) -> EnvRunner:
+        """The env half (:class:`~daskrl.algorithm.SplitActor`; ``central-inference``)."""
+        return self.runner
+
+    def inference_part(self) -> RolloutRecorder:
+        """The policy half (:class:`~daskrl.algorithm.SplitActor`; ``central-inference``)."""
+        return self.recorder
+
     def rollout(self, num_steps: int) -> dict[str, Any]:
         """Collect at least ``num_steps * num_envs`` transitions; return them and stats.
 
@@ -364,7 +372,7 @@ def evaluate_policy(
     total = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
     while running.any():
-        actions = net.act(obs, deterministic=True)[0]
+        actions = net.act(obs, deterministic=True)[0].numpy()
         obs, rew, term, trunc, _ = env.step(actions)
         total += rew * running
         running &= ~(term | trunc)

@@ -1,4 +1,12 @@
-"""The actor-critic learner: a network and a flat Adam, updated by PPO on rollout batches."""
+"""The actor-critic learner: a network differentiated by autograd, stepped by ``torch.optim``.
+
+An update is a plan of minibatches (:meth:`ActorCriticLearner.minibatches`) and, for each,
+:meth:`~ActorCriticLearner.compute_gradients` (autograd on the loss of
+:mod:`daskrl.algos.losses`) then :meth:`~ActorCriticLearner.apply_gradients`
+(``clip_grad_norm_`` and an Adam step). :meth:`~ActorCriticLearner.update` runs them in
+turn; ``data-parallel`` runs the same plan on every replica and averages the gradients
+between compute and apply.
+"""
 
 from __future__ import annotations
 
@@ -7,81 +15,225 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from .networks import DiscreteActorCritic, FlatParameters
-from .optim import FlatAdam
-from .ppo import PPOHyper, ppo_update
+from ..algorithm import Batch, UpdatePlan
+from .losses import PPO_PARTS
+from .networks import DiscreteActorCritic
+from .ppo import PPOHyper, _loss, explained_variance
 
-GradHook = Callable[[list[torch.Tensor]], None]
+Minibatch = dict[str, Tensor]
+"""Tensors of one gradient step, on the learner's device."""
+
+
+def batch_tensors(batches: list[Batch], device: str | torch.device) -> dict[str, Tensor]:
+    """The batches' arrays (``stats`` left out) joined and made tensors on ``device``.
+
+    Examples
+    --------
+    >>> b = {"obs": np.zeros((2, 4), np.float32), "stats": {}}
+    >>> batch_tensors([b, b], "cpu")["obs"].shape
+    torch.Size([4, 4])
+    """
+    keys = [k for k in batches[0] if k != "stats"]
+    if len(batches) == 1:
+        return {k: torch.as_tensor(batches[0][k], device=device) for k in keys}
+    return {k: torch.as_tensor(np.concatenate([b[k] for b in batches]), device=device)
+            for k in keys}
+
+
+def shuffled_minibatches(data: dict[str, Tensor], epochs: int, num_minibatches: int,
+                         generator: torch.Generator) -> list[Minibatch]:
+    """``epochs`` passes over ``data``, each a fresh permutation cut into ``num_minibatches``
+    near-equal minibatches (fewer when there are fewer samples).
+
+    Examples
+    --------
+    >>> data = {"x": torch.arange(6)}
+    >>> plan = shuffled_minibatches(data, 2, 3, torch.Generator().manual_seed(0))
+    >>> len(plan), sorted(int(i) for mb in plan[:3] for i in mb["x"])
+    (6, [0, 1, 2, 3, 4, 5])
+    """
+    n = len(next(iter(data.values())))
+    device = next(iter(data.values())).device
+    plan = []
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator).to(device)
+        for idx in torch.tensor_split(perm, min(num_minibatches, n)):
+            plan.append({k: v[idx] for k, v in data.items()})
+    return plan
+
+
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compile(fn)`` (inductor), for a loss that autograd then differentiates.
+
+    Inductor keeps what it compiles (forward and backward graphs) in its on-disk caches,
+    on by default, under ``$TORCHINDUCTOR_CACHE_DIR`` (default ``/tmp/torchinductor_<user>``):
+    a later process, a worker of the next run, loads the kernels instead of compiling again
+    (it still traces ``fn``, about a second). Point ``TORCHINDUCTOR_CACHE_DIR`` at a shared
+    directory for workers on several hosts.
+
+    Examples
+    --------
+    >>> callable(compiled(torch.sin))
+    True
+    """
+    return torch.compile(fn)
 
 
 class ActorCriticLearner:
-    """Actor-critic network and Adam optimiser updated by PPO.
+    """Actor-critic network and ``torch.optim.Adam`` updated by PPO.
 
-    The parameters are views of one flat tensor (:class:`FlatParameters`) that a
-    :class:`FlatAdam` steps; :meth:`weights` is copied once per update and shared with
-    :meth:`state_dict` (so a learner task's output carries the weights once).
+    Parameters
+    ----------
+    obs_dim, num_actions : int
+        Network input size and action count.
+    seed : int
+        Seeds the initial weights and the minibatch shuffling.
+    hidden : tuple of int
+        Hidden widths of the actor and critic MLPs.
+    hp : PPOHyper, optional
+        Update settings.
+    device : str
+        Where the update runs.
+    compile : bool
+        Differentiate a ``torch.compile``-d loss (see :func:`compiled`).
 
     Examples
     --------
     >>> learner = ActorCriticLearner(4, 2, seed=0)
     >>> sorted(learner.weights())[:2]
     ['actor.0.bias', 'actor.0.weight']
-    >>> learner.gradient_steps()
-    16
+    >>> learner.update_plan()
+    UpdatePlan(steps=16, statistics=False)
     """
 
-    def __init__(
-        self,
-        obs_dim: int,
-        num_actions: int,
-        seed: int,
-        hidden: tuple[int, ...] = (64, 64),
-        hp: PPOHyper | None = None,
-        device: str = "cpu",
-    ) -> None:
+    def __init__(self, obs_dim: int, num_actions: int, seed: int,
+                 hidden: tuple[int, ...] = (64, 64), hp: PPOHyper | None = None,
+                 device: str = "cpu", compile: bool = False) -> None:
         torch.manual_seed(seed)
         self.hp = hp or PPOHyper()
         self.device = device
         self.net = DiscreteActorCritic(obs_dim, num_actions, hidden).to(device)
-        # one flat tensor for Adam, gradient clipping and zeroing (see FlatParameters)
-        self.flat = FlatParameters(self.net)
-        self.optimizer = FlatAdam(self.flat.tensor, lr=self.hp.learning_rate, eps=1e-5)
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_state: dict[str, Any] | None = None
         self.generator = torch.Generator().manual_seed(seed)
-        self._weights: dict[str, torch.Tensor] | None = None
+        self.loss: Callable[[Minibatch], tuple[Tensor, Tensor]] = self._loss
+        if compile:
+            self.loss = compiled(self._loss)
+        self.parts = PPO_PARTS
+        self._weights: dict[str, Tensor] | None = None
+        self._data: dict[str, Tensor] | None = None
 
-    def update(self, batches: list[dict[str, Any]], progress: float,
-               grad_hook: GradHook | None = None) -> dict[str, float]:
-        """One PPO update on the concatenated batches (stats are ignored here).
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """``torch.optim.Adam`` over :attr:`params` (``eps=1e-5`` as CleanRL), built on first
+        use: building one imports ``torch._dynamo`` (about a second), which a learner made
+        only for its initial weights (the driver's) never needs."""
+        if self._optimizer is None:
+            # fused: one kernel per step for all parameters instead of ~10 ops per parameter
+            self._optimizer = torch.optim.Adam(self.params, lr=self.learning_rate(0.0),
+                                               eps=1e-5, fused=True)
+            if self._optimizer_state is not None:
+                self._optimizer.load_state_dict(self._optimizer_state)
+                self._optimizer_state = None
+        return self._optimizer
 
-        ``grad_hook`` is called with the parameter gradients after every backward pass
-        (data-parallel averaging replaces them in place).
-        """
-        keys = [k for k in batches[0] if k != "stats"]
-        batch = ({k: batches[0][k] for k in keys} if len(batches) == 1
-                 else {k: np.concatenate([b[k] for b in batches]) for k in keys})
-        lr = self.hp.learning_rate * (1.0 - progress) if self.hp.anneal_lr else None
-        self.flat.attach()
-        self._weights = None
-        metrics = ppo_update(self.net, self.optimizer, batch, self.hp, self.generator, lr=lr,
-                             grad_hook=grad_hook, device=self.device)
-        metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        return metrics
+    # ------------------------------------------------------------ the loss
+    def _loss(self, mb: Minibatch) -> tuple[Tensor, Tensor]:
+        """Scalar loss and its parts (stacked in :attr:`parts` order) on one minibatch."""
+        return _loss(self.net, mb, self.hp)
 
-    def gradient_steps(self) -> int:
-        """Backward passes per :meth:`update` (the sync points of data-parallel training).
+    def learning_rate(self, progress: float) -> float:
+        """The learning rate at ``progress`` in [0, 1] of the run."""
+        hp = self.hp
+        return hp.learning_rate * (1.0 - progress) if hp.anneal_lr else hp.learning_rate
+
+    def epochs_and_minibatches(self) -> tuple[int, int]:
+        """Passes over a batch and minibatches per pass."""
+        return self.hp.update_epochs, self.hp.num_minibatches
+
+    # ------------------------------------------------------- the contract
+    def update_plan(self) -> UpdatePlan:
+        """Gradient steps per update (the length of every :meth:`minibatches` plan) and
+        whether :meth:`statistics` must be merged first.
 
         Raises
         ------
         ValueError
-            With ``target_kl`` set, replicas could stop after different epochs.
+            With ``target_kl`` set: replicas could stop after different epochs.
         """
-        if self.hp.target_kl is not None:
+        if getattr(self.hp, "target_kl", None) is not None:
             raise ValueError("data-parallel training needs target_kl=None: replicas would stop "
                              "after different epochs; unset target_kl")
-        return self.hp.update_epochs * self.hp.num_minibatches
+        epochs, num_mb = self.epochs_and_minibatches()
+        return UpdatePlan(steps=epochs * num_mb, statistics=False)
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def schedule(self, progress: float) -> dict[str, float]:
+        """Set the optimiser's schedules (learning rate) for ``progress``; return them."""
+        lr = self.learning_rate(progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return {"charts/learning_rate": lr}
+
+    def statistics(self, batches: list[Batch]) -> Tensor | None:
+        """Batch statistics that are not gradients (none for PPO)."""
+        return None
+
+    def minibatches(self, batches: list[Batch], progress: float,
+                    statistics: Tensor | None = None) -> list[Minibatch]:
+        """Start an update on ``batches``: set the schedules and return its minibatches, in
+        the order to step them (shuffled by the learner's seeded generator)."""
+        self.schedule(progress)
+        self._data = batch_tensors(batches, self.device)
+        epochs, num_mb = self.epochs_and_minibatches()
+        return shuffled_minibatches(self._data, epochs, num_mb, self.generator)
+
+    def compute_gradients(self, minibatch: Minibatch) -> tuple[list[Tensor], dict[str, float]]:
+        """The loss gradient of every parameter (autograd), and the loss parts."""
+        loss, parts = self.loss(minibatch)
+        grads = torch.autograd.grad(loss, self.params)
+        return list(grads), dict(zip(self.parts, parts.tolist(), strict=True))
+
+    def apply_gradients(self, grads: list[Tensor]) -> None:
+        """Clip ``grads`` to ``max_grad_norm`` (``clip_grad_norm_``) and take an Adam step."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g.to(p.device)
+        torch.nn.utils.clip_grad_norm_(self.params, self.hp.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        self._weights = None
+
+    def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
+        """The update's metrics: mean of each step's, explained variance, learning rate."""
+        out = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[0]}
+        if self._data is not None and "values" in self._data:
+            out["losses/explained_variance"] = explained_variance(self._data["returns"],
+                                                                  self._data["values"])
+        out["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        self._data = None
+        return out
+
+    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
+        """One update: every minibatch of the plan computed and applied in turn (the epochs
+        stop early when ``target_kl`` is set and exceeded)."""
+        plan = self.minibatches(batches, progress)
+        per_epoch = max(1, len(plan) // max(1, self.epochs_and_minibatches()[0]))
+        target_kl = getattr(self.hp, "target_kl", None)
+        done: list[dict[str, float]] = []
+        for i, mb in enumerate(plan):
+            grads, metrics = self.compute_gradients(mb)
+            self.apply_gradients(grads)
+            done.append(metrics)
+            if (target_kl is not None and (i + 1) % per_epoch == 0
+                    and metrics["losses/approx_kl"] > target_kl):
+                break
+        return self.finish_update(done)
+
+    # ------------------------------------------------------------- state
+    def weights(self) -> dict[str, Tensor]:
         """CPU copy of the network weights (one copy per update: treat it as read-only)."""
         if self._weights is None:
             self._weights = {k: v.detach().to("cpu", copy=True)
@@ -90,20 +242,25 @@ class ActorCriticLearner:
 
     def state_dict(self) -> dict[str, Any]:
         """Model, optimiser and shuffling-generator state (CPU)."""
-        optim = self.optimizer.state_dict()
-        optim_cpu = {
-            "param_groups": optim["param_groups"],
-            "state": {i: {k: _cpu(v) for k, v in s.items()} for i, s in optim["state"].items()},
-        }
+        optim_cpu = self._optimizer_state  # None: no step yet, Adam starts fresh
+        if self._optimizer is not None:
+            optim = self._optimizer.state_dict()
+            optim_cpu = {
+                "param_groups": optim["param_groups"],
+                "state": {i: {k: _cpu(v) for k, v in s.items()}
+                          for i, s in optim["state"].items()},
+            }
         return {"model": self.weights(), "optimizer": optim_cpu,
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`."""
-        self.flat.attach()
         self._weights = None
         self.net.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self._optimizer is not None and state["optimizer"] is not None:
+            self._optimizer.load_state_dict(state["optimizer"])
+        else:  # loaded when the optimiser is built (a fresh one when None)
+            self._optimizer, self._optimizer_state = None, state["optimizer"]
         self.generator.set_state(state["generator"])
 
 

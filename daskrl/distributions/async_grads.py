@@ -20,30 +20,28 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from dask.delayed import Delayed
-from distributed import as_completed, worker_client
+from distributed import as_completed, get_worker, worker_client
 
-from ..algorithm import Algorithm, LearnerOutput, require
+from ..algorithm import Algorithm, GradientActor, LearnerOutput
 from ..fragment import Fragment
 from ..graph import task
 from ..resources import Resources
 from ..roles import TaskContext, merge_stats, resident_actor, resident_learner
 from ..state import worker_name
-from .base import IterationInputs, pinned, step_key
+from .base import Distribution, IterationInputs, Unsupported, pinned, step_key
 
 
 def gradient(ctx: TaskContext, algo: Algorithm, weights: dict[str, torch.Tensor], version: int
              ) -> tuple[list[torch.Tensor], dict[str, Any]]:
     """Role ``grad``: this actor's gradient on a fresh rollout with weights ``version``."""
     actor, built = resident_actor(ctx, algo)
-    require(actor, "gradients", "async", "use an actor that computes gradients, e.g. "
-            "graphs/a3c.py's GradientActor")
     actor.set_weights(weights, version)
-    grads, stats = actor.gradients()  # type: ignore[attr-defined]
+    grads, stats = actor.gradients()  # type: ignore[attr-defined]  # declared: gradient-actor
     stats.update(worker=worker_name(), built=built, replica=ctx.replica, weights_version=version)
     return grads, stats
 
@@ -71,7 +69,8 @@ class _Applier:
         """Apply actor ``a``'s gradient (computed with version ``used``); True: send it more."""
         ctx, per_iter = self.ctx, len(self.steps) * self.algo.num_steps
         progress = min(1.0, (ctx.iteration + sum(self.steps) / per_iter) / ctx.num_iterations)
-        self.metrics = self.learner.apply_gradients(grads, progress)
+        self.metrics = dict(self.learner.schedule(progress))
+        self.learner.apply_gradients(grads)
         self.staleness.append(self.version - used)
         self.order.append(f"{a}.{self.rounds[a] - 1}@{used}")
         self.version += 1
@@ -91,10 +90,8 @@ def async_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     t0 = time.time()
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
-    require(learner, "apply_gradients", "async", "use a learner with apply_gradients(grads, "
-            "progress), e.g. graphs/a3c.py's A2CLearner")
     app = _Applier(learner, holder.get("weights_version", 0), ctx, algo, len(actors))
-    if worker_name() == "local":
+    if not on_worker():
         turns = deque(range(len(actors)))
         while turns:
             a = turns.popleft()
@@ -137,6 +134,22 @@ def async_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     return LearnerOutput(learner_in.version + 1, learner.state_dict(), app.weights, metrics)
 
 
+def on_worker() -> bool:
+    """Whether this runs in a task on a Dask worker (which can submit more tasks), not in
+    the driver's process under ``--scheduler sync``.
+
+    Examples
+    --------
+    >>> on_worker()
+    False
+    """
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
+
+
 def _placeholder(*_: Any) -> None:
     return None
 
@@ -152,7 +165,7 @@ def waiting(res: Resources) -> Resources:
     return Resources(cpu=0, gpu=res.gpu, custom=res.custom)
 
 
-class AsyncGradients:
+class AsyncGradients(Distribution):
     """Asynchronous gradients, applied as they arrive (A3C).
 
     Examples
@@ -162,12 +175,24 @@ class AsyncGradients:
     """
 
     name = "async"
+    requires = frozenset({"gradient-actor"})
+    dynamic = True
+
+    def required(self, algo: Algorithm) -> dict[str, str]:
+        """``gradient-actor``: actors send gradients, the learner applies them."""
+        return {"gradient-actor": "pick a synchronous distribution (actors-learner, single), "
+                                  "or write the actor like graphs/a3c.py's GradientActor"}
+
+    def check(self, algo: Algorithm) -> None:
+        """Also refuse fewer than 2 actors (nothing would be asynchronous)."""
+        super().check(algo)
+        if algo.num_actors < 2:
+            raise Unsupported(f"the async distribution needs >= 2 actors, got num_actors="
+                              f"{algo.num_actors}; pass --num-actors 2")
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """Gradient actors with the rollout resources, and one learner."""
-        if algo.num_actors < 2:
-            raise ValueError(f"the async distribution needs >= 2 actors, got num_actors="
-                             f"{algo.num_actors}; pass --num-actors 2")
+        self.check(algo)
         return [Fragment(gradient, "rollout", algo.resources_for("rollout"), algo.num_actors),
                 Fragment(async_learn, "learner", algo.resources_for("learner"))]
 
@@ -178,7 +203,8 @@ class AsyncGradients:
         ``j``-th gradient, computed with the weights made by the ``apply`` it hangs from.
         """
         algo, place, k, run = inputs.algo, inputs.placement, inputs.iteration, inputs.run
-        rounds = algo.num_steps // max(1, getattr(algo.make_actor(0), "rollout_steps", 1))
+        actor = cast(GradientActor, algo.make_actor(0))  # declared: gradient-actor
+        rounds = algo.num_steps // max(1, actor.rollout_steps)
         grad_res, learn_res = place.resources["rollout"], waiting(place.resources["learner"])
         learner = place.worker("learner", 0)
         made: list[Any] = [inputs.learner_in]  # made[v]: what produced weights version v

@@ -7,23 +7,25 @@ and the replicas stay bit-identical (checked each iteration: ``replicas_identica
 
 Averaging (``allreduce=``):
 
-- ``dask`` (default): each backward pass ends a task. The update of a replica runs in a
-  thread that parks after each backward pass; task ``replica-<r>-it<k>-s<j>`` hands it the
-  average of step ``j - 1`` and returns the gradients of step ``j``; ``allreduce-0-it<k>-s<j>``
-  averages the K of them (a tree of 4-way sums above 4 replicas). PPO's 4 epochs x 4
-  minibatches make 16 sync rounds per iteration, all visible in the dashboard. Averaging
+- ``dask`` (default): each gradient computation ends a task. Every replica iterates the
+  same plan of its learner (:class:`~daskrl.algorithm.GradientLearner`: ``minibatches``, then
+  ``compute_gradients`` / ``apply_gradients`` per minibatch, see :class:`ReplicaUpdate`);
+  task ``replica-<r>-it<k>-s<j>`` applies the average of step ``j - 1`` and returns the
+  gradients of step ``j``; ``allreduce-0-it<k>-s<j>`` averages the K of them (a tree of
+  4-way sums above 4 replicas). A learner whose ``update_plan()`` declares batch
+  statistics (MAPPO's value normalisers) averages them first, in a round of their own.
+  PPO's 4 epochs x 4 minibatches make 16 sync rounds per iteration, all visible in the
+  dashboard. Averaging
   per minibatch (not per epoch) is what keeps this exactly synchronous SGD on the union of
   the replicas' minibatches, i.e. PPO with a K times larger batch; per-epoch parameter
   averaging would be cheaper but is a different algorithm (local SGD).
 - ``torch``: one task per replica; ``torch.distributed`` (gloo on CPU, NCCL on GPU) started
-  on the replicas' workers all-reduces the gradients inside the update. Needs the K replicas
-  on K different workers, all running at once.
+  on the replicas' workers all-reduces the statistics and gradients between the same steps.
+  Needs the K replicas on K different workers, all running at once.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from functools import partial
 from typing import Any
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 from dask.delayed import Delayed
 
-from ..algorithm import Algorithm, Batch, LearnerOutput, require
+from ..algorithm import Algorithm, Batch, LearnerOutput
 from ..checkpoint import weights_sha256
 from ..fragment import Fragment
 from ..graph import Placement, task
@@ -45,56 +47,84 @@ from ..roles import (
     snapshots,
 )
 from ..state import worker_name
-from .base import IterationInputs, pinned, step_key
-
-WAIT_S = 600.0
-"""How long a parked update waits for the next average before giving up."""
+from .base import Distribution, IterationInputs, pinned, step_key
 
 _NONE = Resources()
 """Averaging is cheap: it needs no resource slot and runs anywhere."""
 
 
-class GradExchange:
-    """Runs ``learner.update`` in a thread that parks after every backward pass.
+class ReplicaUpdate:
+    """One replica's update on its batches, stepped from outside between all-reduces.
 
-    :meth:`next` returns ``("grads", flat)`` at each park or ``("done", metrics)``;
-    :meth:`send` resumes the update with the averaged gradients.
+    :meth:`start` returns the first tensor to average (the learner's batch statistics when
+    its ``update_plan()`` declares them, else the gradients of the first minibatch); each
+    :meth:`step` takes the average of the last tensor, applies it (statistics: begins the
+    plan with them; gradients: ``apply_gradients``) and returns the next gradients, or None
+    when the plan is done; :meth:`finish` returns the update's metrics.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from daskrl.algos.learner import ActorCriticLearner
+    >>> from daskrl.algos.ppo import PPOHyper
+    >>> learner = ActorCriticLearner(4, 2, 0, (8, 8), PPOHyper(1, 2))
+    >>> z = np.zeros(8, np.float32)
+    >>> batch = {"obs": np.zeros((8, 4), np.float32), "actions": z.astype(np.int64),
+    ...          "logp": z - 0.7, "values": z, "advantages": z + 1, "returns": z + 1}
+    >>> update, rounds = ReplicaUpdate(learner, [batch], 0.0), 1
+    >>> flat = update.start()
+    >>> while flat is not None:
+    ...     flat, rounds = update.step(flat), rounds + 1
+    >>> rounds, "losses/policy_loss" in update.finish()
+    (3, True)
     """
 
     def __init__(self, learner: Any, batches: list[Batch], progress: float) -> None:
-        self.out_q: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.in_q: queue.Queue[torch.Tensor | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, args=(learner, batches, progress),
-                                       daemon=True, name="daskrl-grad-exchange")
-        self.thread.start()
+        self.learner, self.batches, self.progress = learner, batches, progress
+        self.plan: list[Any] | None = None
+        self.done: list[dict[str, float]] = []
+        self.grads: list[torch.Tensor] = []
 
-    def _run(self, learner: Any, batches: list[Batch], progress: float) -> None:
-        try:
-            self.out_q.put(("done", learner.update(batches, progress, grad_hook=self._hook)))
-        except BaseException as exc:  # noqa: BLE001 - handed to the task that waits
-            self.out_q.put(("error", exc))
+    def start(self) -> torch.Tensor:
+        """The first flat tensor to average across the replicas."""
+        if self.learner.update_plan().statistics:
+            return self.learner.statistics(self.batches).reshape(-1).cpu()
+        self.plan = self.learner.minibatches(self.batches, self.progress)
+        return self._compute()
 
-    def _hook(self, grads: list[torch.Tensor]) -> None:
-        self.out_q.put(("grads", flatten(grads)))
-        avg = self.in_q.get(timeout=WAIT_S)
-        if avg is None:
-            raise RuntimeError("data-parallel update stopped")
-        unflatten_into(avg, grads)
+    def step(self, avg: torch.Tensor) -> torch.Tensor | None:
+        """Apply the average of the last tensor; the next gradients, or None at the end."""
+        if self.plan is None:
+            self.plan = self.learner.minibatches(self.batches, self.progress, avg)
+        else:
+            unflatten_into(avg, self.grads)
+            self.learner.apply_gradients(self.grads)
+        return self._compute() if len(self.done) < len(self.plan) else None
 
-    def next(self) -> tuple[str, Any]:
-        """Wait for the next park or the end of the update."""
-        kind, value = self.out_q.get(timeout=WAIT_S)
-        if kind == "error":
-            raise value
-        return kind, value
+    def _compute(self) -> torch.Tensor:
+        assert self.plan is not None
+        grads, metrics = self.learner.compute_gradients(self.plan[len(self.done)])
+        self.done.append(metrics)
+        self.grads = grads
+        return flatten(grads)
 
-    def send(self, avg: torch.Tensor) -> None:
-        """Resume the update with the averaged gradients of the last park."""
-        self.in_q.put(avg)
+    def finish(self) -> dict[str, float]:
+        """The update's metrics (``finish_update`` of the learner)."""
+        return self.learner.finish_update(self.done)
 
-    def close(self) -> None:
-        """Stop a parked update (end of run)."""
-        self.in_q.put(None)
+
+def sync_rounds(learner: Any) -> int:
+    """All-reduce rounds of one update of ``learner``: its gradient steps, plus one for its
+    batch statistics when it declares them.
+
+    Examples
+    --------
+    >>> from daskrl.algos.learner import ActorCriticLearner
+    >>> sync_rounds(ActorCriticLearner(4, 2, 0))
+    16
+    """
+    plan = learner.update_plan()
+    return int(plan.steps) + int(plan.statistics)
 
 
 def flatten(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -139,7 +169,6 @@ def _start(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
     """Resident learner and actor of this replica, and this iteration's rollout."""
     holder, built = resident_learner(ctx, algo, learner_in, role="replica")
     learner = holder["learner"]
-    require(learner, "update", "data-parallel", "use a learner whose update takes grad_hook=")
     actor, actor_built = resident_actor(ctx, algo, saved=learner_in.actors)
     actor.set_weights(learner_in.weights, learner_in.version)
     batch = actor.rollout(algo.num_steps)
@@ -150,20 +179,16 @@ def _start(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
 
 
 def replica_first(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput) -> torch.Tensor:
-    """Role ``replica`` (``allreduce=dask``): roll out, start the update, return step 0's grads."""
+    """Role ``replica`` (``allreduce=dask``): roll out, start the update, return the first
+    tensor to average (see :class:`ReplicaUpdate`)."""
     holder, learner, batch = _start(ctx, algo, learner_in)
-    old = holder.pop("exchange", None)
-    if old is not None:
-        old.close()
-    holder["exchange"] = GradExchange(learner, [batch], ctx.iteration / ctx.num_iterations)
-    return _expect(holder["exchange"].next(), "grads", ctx, 0)
+    holder["update"] = ReplicaUpdate(learner, [batch], ctx.iteration / ctx.num_iterations)
+    return holder["update"].start()
 
 
 def replica_step(ctx: TaskContext, avg: torch.Tensor, step: int, steps: int) -> Any:
-    """Role ``replica``: apply the average of step ``step - 1``; return step ``step``'s grads.
-
-    After the last step (``step == steps``) it returns the replica's output instead.
-    """
+    """Role ``replica``: apply the average of round ``step - 1``; return round ``step``'s
+    gradients. After the last round (``step == steps``) it returns the replica's output."""
     from ..state import resident
 
     def lost() -> Any:
@@ -172,22 +197,18 @@ def replica_step(ctx: TaskContext, avg: torch.Tensor, step: int, steps: int) -> 
                            "run from its last checkpoint with --resume")
 
     holder = resident((ctx.run, "replica", ctx.replica), lost)[0]
-    exchange: GradExchange = holder["exchange"]
-    exchange.send(avg)
-    if step < steps:
-        return _expect(exchange.next(), "grads", ctx, step)
-    metrics = _expect(exchange.next(), "done", ctx, step)
-    del holder["exchange"]
-    return _finish(ctx, holder, metrics)
-
-
-def _expect(got: tuple[str, Any], kind: str, ctx: TaskContext, step: int) -> Any:
-    if got[0] != kind:
+    update: ReplicaUpdate = holder["update"]
+    flat = update.step(avg)
+    if (flat is None) != (step == steps):
         raise RuntimeError(
-            f"data-parallel: replica {ctx.replica} reached '{got[0]}' at sync step {step}, "
-            f"expected '{kind}': replicas took different numbers of gradient steps (a batch "
-            "smaller than num_minibatches**2?); raise --num-steps or lower --num-minibatches")
-    return got[1]
+            f"data-parallel: replica {ctx.replica}'s plan {'ended' if flat is None else 'went on'}"
+            f" at sync round {step} of {steps}: its minibatches differ from the declared "
+            "update_plan() (a batch smaller than num_minibatches?); raise --num-steps or lower "
+            "--num-minibatches")
+    if flat is not None:
+        return flat
+    del holder["update"]
+    return _finish(ctx, holder, update.finish())
 
 
 def _finish(ctx: TaskContext, holder: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
@@ -240,7 +261,7 @@ def tree_mean(grads: list[Delayed], key: Any, fan_in: int = 4) -> Delayed:
                   worker=None)
 
 
-class DataParallel:
+class DataParallel(Distribution):
     """K fused actor+learner replicas with gradients averaged every step (MSRL's DP-C).
 
     Parameters
@@ -255,12 +276,18 @@ class DataParallel:
     """
 
     name = "data-parallel"
+    requires = frozenset({"gradients"})
 
     def __init__(self, allreduce: str = "dask") -> None:
         if allreduce not in ("dask", "torch"):
             raise ValueError(f"option allreduce={allreduce!r}: choose dask or torch")
         self.allreduce = allreduce
-        self._steps: dict[int, int] = {}
+        self.steps: tuple[Algorithm, int] | None = None
+        """Per-run state: the algorithm of this run and its backward passes per update."""
+
+    def required(self, algo: Algorithm) -> dict[str, str]:
+        """``gradients``: replicas average them before every optimiser step."""
+        return {"gradients": "pick actors-learner or single, which need no gradient exchange"}
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """K replicas with the learner's resources (each replica is a learner)."""
@@ -280,13 +307,11 @@ class DataParallel:
                 f"{placement.resources['replica']} or lower --num-actors")
 
     def gradient_steps(self, algo: Algorithm) -> int:
-        """Backward passes per update, asked of a learner built once on the driver."""
-        if id(algo) not in self._steps:
-            learner = algo.make_learner(0, "cpu")
-            require(learner, "gradient_steps", "data-parallel",
-                    "give the learner gradient_steps() (see ActorCriticLearner)")
-            self._steps = {id(algo): int(learner.gradient_steps())}
-        return self._steps[id(algo)]
+        """All-reduce rounds per update (:func:`sync_rounds`), asked of a learner built on
+        the driver once per run."""
+        if self.steps is None or self.steps[0] is not algo:
+            self.steps = (algo, sync_rounds(algo.make_learner(0, "cpu")))
+        return self.steps[1]
 
     def replicas(self, inputs: IterationInputs) -> list[Delayed]:
         """Each replica's final output (its chain of sync steps, or one torch task)."""

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..algorithm import Algorithm, LearnerOutput
 from ..failures import PeerLost
 from ..roles import TaskContext
-from .data_parallel import _finish, _start, unflatten_into
+from .data_parallel import ReplicaUpdate, _finish, _start
 
 JOIN_TIMEOUT_S = 120.0
 """How long a replica waits for the others to join the process group."""
@@ -68,13 +68,16 @@ def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     world = len(workers)
     ensure_group(ctx.run, ctx.replica, world, "nccl" if device.startswith("cuda") else "gloo")
 
-    def average(grads: list[torch.Tensor]) -> None:
-        flat = torch.cat([g.detach().reshape(-1) for g in grads])
+    def average(flat: torch.Tensor) -> torch.Tensor:
+        flat = flat.to(device)
         try:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         except RuntimeError as exc:  # gloo/NCCL: a replica's worker is gone or hangs
             raise PeerLost(f"data-parallel:allreduce=torch: a replica is gone ({exc})") from None
-        unflatten_into(flat / world, grads)
+        return flat / world
 
-    metrics = learner.update([batch], ctx.iteration / ctx.num_iterations, grad_hook=average)
-    return _finish(ctx, holder, metrics)
+    update = ReplicaUpdate(learner, [batch], ctx.iteration / ctx.num_iterations)
+    flat: torch.Tensor | None = update.start()
+    while flat is not None:  # the same plan on every replica: the same number of rounds
+        flat = update.step(average(flat))
+    return _finish(ctx, holder, update.finish())
