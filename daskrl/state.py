@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from distributed import WorkerPlugin
+from distributed import Client, Reschedule, Worker, WorkerPlugin, get_client, get_worker
 
 T = TypeVar("T")
 
@@ -58,11 +58,11 @@ class ResidentState(WorkerPlugin):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()
 
-    def setup(self, worker: Any) -> None:
+    def setup(self, worker: Worker | None) -> None:
         """Start with no objects."""
         self.objects.clear()
 
-    def teardown(self, worker: Any) -> None:
+    def teardown(self, worker: Worker | None) -> None:
         """Close every object (envs hold processes, files and sockets)."""
         with self.lock:
             objects = list(self.objects.values())
@@ -74,7 +74,7 @@ class ResidentState(WorkerPlugin):
 _LOCAL = ResidentState()  # outside a Dask worker (synchronous scheduler)
 
 
-def register(client: Any) -> None:
+def register(client: Client) -> None:
     """Give every worker of ``client``'s cluster, and every one that joins, a
     :class:`ResidentState` (once: registering again keeps what workers hold).
 
@@ -85,24 +85,20 @@ def register(client: Any) -> None:
     client.register_plugin(ResidentState(), name=PLUGIN_NAME)
 
 
-def _current_worker() -> Any:
+def _current_worker() -> Worker | None:
     try:
-        from distributed import get_worker
-
         return get_worker()
-    except ValueError:
+    except ValueError:  # not in a task on a worker
         return None
 
 
-def _state(worker: Any = None) -> ResidentState:
+def _state(worker: Worker | None = None) -> ResidentState:
     if worker is None:
         worker = _current_worker()
         if worker is None:
             return _LOCAL
     plugin = worker.plugins.get(PLUGIN_NAME)
     if plugin is None:  # a cluster nobody registered it on: this task registers it
-        from distributed import get_client
-
         get_client().register_plugin(ResidentState(), name=PLUGIN_NAME)
         deadline = time.monotonic() + 30
         # a task on another worker may have registered it first: its copy is on the way
@@ -177,7 +173,7 @@ def _close(obj: Any) -> None:
             pass
 
 
-def drop_run(run: str, dask_worker: Any = None) -> int:
+def drop_run(run: str, dask_worker: Worker | None = None) -> int:
     """Forget every object of ``run`` on this worker; returns how many.
 
     Call it on every worker at the end of a run with ``client.run(drop_run, run)``, which
@@ -229,8 +225,6 @@ def in_turn(key: tuple[Hashable, ...], iteration: int, after: int | None,
             _current_worker() is not None):
         since = turns.since.setdefault(iteration, time.monotonic())
         if time.monotonic() - since < wait_s:
-            from distributed import Reschedule
-
             time.sleep(TURN_RETRY_S)  # the earlier one may still be on its way
             raise Reschedule()
         print(f"daskrl: {key}: iteration {after} did not run within {wait_s:.0f} s; "
