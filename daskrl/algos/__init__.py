@@ -1,1 +1,1 @@
-"""Pure torch/numpy kernels of the algorithms: no Dask inside."""
+"""The algorithms' numerical parts (losses, networks, learners, actors, GAE): no Dask inside."""
