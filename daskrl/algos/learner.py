@@ -56,11 +56,15 @@ def shuffled_minibatches(data: dict[str, Tensor], epochs: int, num_minibatches: 
     """
     n = len(next(iter(data.values())))
     device = next(iter(data.values())).device
+    sizes = [len(c) for c in torch.tensor_split(torch.empty(n), min(num_minibatches, n))]
     plan = []
     for _ in range(epochs):
         perm = torch.randperm(n, generator=generator).to(device)
-        for idx in torch.tensor_split(perm, min(num_minibatches, n)):
-            plan.append({k: v[idx] for k, v in data.items()})
+        shuffled = {k: v[perm] for k, v in data.items()}  # one gather per key and epoch
+        start = 0
+        for size in sizes:  # minibatches are views of it
+            plan.append({k: v[start : start + size] for k, v in shuffled.items()})
+            start += size
     return plan
 
 
