@@ -73,10 +73,10 @@ def serve_dashboard_on_demand(scheduler: Any) -> None:
     Uses ``Scheduler.http_application`` (its routing of sub-applications) and
     ``Scheduler.http_server``, and ``distributed.dashboard.scheduler.connect``, which
     the scheduler itself calls when started with ``dashboard=True``. Dask imports the
-    dashboard (bokeh, ~0.4 s of CPU) while the scheduler starts, and offers no lazy
+    dashboard (bokeh) while the scheduler starts, and offers no lazy
     dashboard. An embedded scheduler shares the driver's process, which during start-up
     imports torch and the graph on the way to the first iteration, so that import delays
-    the first iteration (see ``benchmarks/README.md``). The first request waits for the
+    the first iteration (``benchmarks/startup.md``). The first request waits for the
     import, then is redirected to the same page, which Bokeh serves from then on; Dask's
     own routes (``/health``, ``/metrics``, the JSON API) are served from the start.
     """
