@@ -1,7 +1,7 @@
 """What the worker fork server imports before it forks any worker.
 
 :func:`daskrl.forkserver.worker_forkserver` names this module as the server's only preload.
-It sets the environment Dask's nanny gives a worker
+It sets the environment of a worker process
 (:func:`~daskrl.forkserver.worker_environ`, read when torch and numpy load their thread
 pools, so before they are imported), then imports
 :data:`~daskrl.forkserver.WORKER_PRELOAD` with the garbage collector paused
