@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import torch
 
@@ -48,10 +49,10 @@ class Config:
     num_agent_neighbors: int = setting("simple_tag: observe only the k nearest agents (0: all)", 0)
     num_agents: int = setting("simple_spread: agents N", 3)
     max_cycles: int = setting("steps per episode", 25)
-    critic: str = setting("central (MAPPO: global state + own obs) or local (IPPO: own obs)",
-                        "central")
-    state: str = setting("global state: concat (all observations) or pooled (team means)",
-                       "concat")
+    critic: Literal["central", "local"] = setting(
+        "central (MAPPO: global state + own obs) or local (IPPO: own obs)", "central")
+    state: Literal["concat", "pooled"] = setting(
+        "global state: concat (all observations) or pooled (team means)", "concat")
     random_teams: str = setting("comma-separated teams that act at random and are not trained "
                               "(e.g. good)", "")
     num_actors: int = setting("actor replicas (each with its own envs)", 1)

@@ -212,14 +212,14 @@ def test_fallbacks_resolve_against_the_cluster_workers(cluster_gpu_client, clust
 
 
 def test_pin_never_relaxes_resources():
-    from daskrl.cluster import local_cluster
+    from daskrl.cluster import local_cluster, sync_workers
 
     cluster = local_cluster([{"CPU": 1}, {"CPU": 1, "GPU": 1}])
     client = Client(cluster)
     try:
         client.wait_for_workers(2, timeout=60)
         del cluster.worker_spec["w1"]  # the GPU worker is lost
-        cluster.sync(cluster._correct_state)
+        sync_workers(cluster)
         assert set(worker_addresses(client)) == {"w0"}
         learner = task(lambda: "ran", role="learner", replica=0, iteration=0, run="lost0000",
                        resources=Resources(gpu=1), worker="w1")

@@ -11,7 +11,7 @@ from distributed import Client, LocalCluster, Nanny
 from daskrl import Algorithm, Placement
 from daskrl.backend import DaskBackend, SyncBackend
 from daskrl.cli import load_graph
-from daskrl.cluster import configure_dask
+from daskrl.cluster import configure_dask, sync_workers
 from daskrl.distributions import get_distribution
 from daskrl.driver import RunSettings, train
 from daskrl.memory import (
@@ -34,11 +34,12 @@ def cluster_small_memory() -> Iterator[Client]:
     configure_dask()
     with LocalCluster(n_workers=0, threads_per_worker=1, memory_limit=LIMIT, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster:
-        base = dict(cluster.new_spec["options"])
+        (template,) = cluster.new_worker_spec().values()
+        base = dict(template["options"])
         for name in ("w0", "w1"):  # named like daskrl.cluster.local_cluster's workers
             cluster.worker_spec[name] = {"cls": Nanny, "options": {
                 **base, "nthreads": 1, "resources": {"CPU": 1}}}
-        cluster.sync(cluster._correct_state)
+        sync_workers(cluster)
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)
             yield client
