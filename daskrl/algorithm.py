@@ -180,6 +180,10 @@ class GradientLearner(Learner, Protocol):
     through ``statistics``, never with the gradients.
     """
 
+    device: str
+    """Where the model lives (``"cpu"``, ``"cuda:0"``): the all-reduce picks gloo or NCCL
+    from it."""
+
     def update_plan(self) -> UpdatePlan:
         """Steps per update and whether batch statistics are merged first."""
 

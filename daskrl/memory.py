@@ -238,8 +238,7 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str
     needs = estimate(algo, placement, name)
     if not needs:
         return needs
-    known = getattr(backend, "memory_limits", None)  # a backend that cannot tell: no check
-    limits: Mapping[str, int | None] = known() if callable(known) else {}
+    limits: Mapping[str, int | None] = backend.memory_limits()  # None or 0: no limit known
     for worker, need in sorted(needs.items()):
         limit = limits.get(worker)
         if limit and need.total > limit:

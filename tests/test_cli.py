@@ -191,7 +191,9 @@ def bad_runs(tmp_path_factory) -> dict[str, tuple[Result, str]]:
             running[name] = (*start(args, cwd), message)
         for name, (proc, t0, message) in list(running.items()):
             if proc.poll() is not None or time.monotonic() > deadline:
-                results[name] = (finish(proc, t0, timeout=1), message)
+                # the process has exited; its pipes close when the worker fork server
+                # it started (which inherited them) sees it gone, after its imports
+                results[name] = (finish(proc, t0, timeout=30), message)
                 del running[name]
         time.sleep(0.05)
     return results

@@ -64,7 +64,7 @@ def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                   workers: tuple[str, ...]) -> dict[str, Any]:
     """Role ``replica``: roll out and update, gradients all-reduced by ``torch.distributed``."""
     holder, learner, batch = _start(ctx, algo, learner_in)
-    device = str(getattr(learner, "device", "cpu"))
+    device = str(learner.device)
     world = len(workers)
     ensure_group(ctx.run, ctx.replica, world, "nccl" if device.startswith("cuda") else "gloo")
 
