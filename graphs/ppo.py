@@ -12,7 +12,7 @@ from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import ActorCriticLearner, VecEnvActor, evaluate_policy
 from daskrl.algos.ppo import PPOHyper
 from daskrl.envs import make_vector_env, space_dims
-from daskrl.memory import Sizes, mlp_params, transition_bytes
+from daskrl.sizes import Sizes, mlp_params, transition_bytes
 
 
 @dataclass

@@ -19,10 +19,10 @@ from daskrl.memory import (
     LEARNER_COPIES,
     PROCESS_BYTES,
     MemoryBudgetError,
-    Sizes,
     check_memory,
     estimate,
 )
+from daskrl.sizes import Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 2 * 2**30
