@@ -57,11 +57,11 @@ from distributed import Client
 
 from daskrl.algos.a2c import GradientActor
 from daskrl.algos.actor_critic import VecEnvActor
-from daskrl.checkpoint import list_checkpoints
-from daskrl.cli import load_graph
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
+from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
+from daskrl.runtime.checkpoint import list_checkpoints
+from daskrl.runtime.driver import RunSettings, train
 
 DISTS = ("actors-learner", "central-inference", "data-parallel", "single", "async")
 PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))

@@ -147,9 +147,9 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
 
     from daskrl import Resources
     from daskrl.cli import load_graph
-    from daskrl.cluster import local_cluster
+    from daskrl.cluster.local import local_cluster
     from daskrl.distributions import get_distribution
-    from daskrl.driver import RunSettings, train
+    from daskrl.runtime.driver import RunSettings, train
 
     graph = load_graph(str(HERE.parent / "graphs" / "mappo.py"))
     envs = agents // AGENTS_PER_ENV // workers

@@ -16,23 +16,26 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _WHERE = {
-    "Actor": "algorithm", "Algorithm": "algorithm", "Learner": "algorithm",
-    "LearnerOutput": "algorithm", "Fragment": "fragment", "setting": "fragment",
-    "Placement": "graph", "plan_placement": "graph", "task": "graph", "task_key": "graph",
-    "Resources": "resources", "parse_resources": "resources", "resident": "state",
+    "Actor": "core.algorithm", "Algorithm": "core.algorithm", "Learner": "core.algorithm",
+    "LearnerOutput": "core.algorithm", "Fragment": "core.fragment", "setting": "core.fragment",
+    "Placement": "core.placement", "plan_placement": "core.placement", "task": "core.placement",
+    "task_key": "core.placement", "Resources": "core.resources",
+    "parse_resources": "core.resources", "resident": "core.worker_state",
+    "Sizes": "core.sizes",
 }
 
 __all__ = [
     "Actor", "Algorithm", "Fragment", "Learner", "LearnerOutput", "Placement", "Resources",
-    "parse_resources", "plan_placement", "resident", "setting", "task", "task_key",
+    "Sizes", "parse_resources", "plan_placement", "resident", "setting", "task", "task_key",
 ]
 
 if TYPE_CHECKING:
-    from .algorithm import Actor, Algorithm, Learner, LearnerOutput
-    from .fragment import Fragment, setting
-    from .graph import Placement, plan_placement, task, task_key
-    from .resources import Resources, parse_resources
-    from .state import resident
+    from daskrl.core.algorithm import Actor, Algorithm, Learner, LearnerOutput
+    from daskrl.core.fragment import Fragment, setting
+    from daskrl.core.placement import Placement, plan_placement, task, task_key
+    from daskrl.core.resources import Resources, parse_resources
+    from daskrl.core.sizes import Sizes
+    from daskrl.core.worker_state import resident
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
-import importlib.util
 import io
 import os
 import re
@@ -28,7 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from .resources import parse_role_resources
+from daskrl.core.resources import parse_role_resources
+from daskrl.core.script import UserError, load_graph
 
 T = TypeVar("T")
 
@@ -36,54 +36,11 @@ GRAPH_COMMANDS = ("train", "graph")
 """The commands that take a graph script, and with it the flags of its ``Config``."""
 
 
-class UserError(Exception):
-    """Bad input: reported as one line on stderr with a non-zero exit."""
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one :class:`UserError` line (argparse prints usage too)."""
 
     def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} (see `{self.prog} --help`)")
-
-
-def load_graph(path: str) -> types.ModuleType:
-    """Import a graph script by path; it must define ``Config`` and ``build(config)``.
-
-    The module is pickled by value, so workers need not have the script on their path.
-
-    Raises
-    ------
-    UserError
-        When the file is missing, not Python, or lacks ``Config``/``build``.
-
-    Examples
-    --------
-    >>> load_graph("no_such_graph.py")
-    Traceback (most recent call last):
-    ...
-    daskrl.cli.UserError: graph script 'no_such_graph.py' not found: pass a path like graphs/ppo.py
-    """
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"graph script {path!r} not found: pass a path like graphs/ppo.py")
-    name = f"daskrl_graph_{file.stem}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise UserError(f"cannot import graph script {path!r}: is it a .py file?")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    missing = [n for n in ("Config", "build") if not hasattr(module, n)]
-    if missing or not dataclasses.is_dataclass(module.Config):
-        raise UserError(
-            f"graph script {path!r} must define a dataclass `Config` and `build(config)` "
-            f"returning a daskrl.Algorithm (missing: {', '.join(missing) or 'dataclass Config'})"
-        )
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(module)
-    return module
 
 
 # --------------------------------------------------------------------------- graph flags
@@ -311,8 +268,8 @@ def _parser(graph_flags_help: str | None = None
             ) -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
     """The run flags' parser, and each graph command's run flags (a graph's Config adds its
     own, parsed by :func:`parse_config`; ``graph_flags_help`` ends their ``--help``)."""
-    from .distributions import DISTRIBUTIONS
-    from .jobqueue_spec import add_jobqueue_flags
+    from daskrl.cluster.jobqueue_spec import add_jobqueue_flags
+    from daskrl.distributions import DISTRIBUTIONS
 
     epilog = (graph_flags_help if graph_flags_help else
               "graph settings: `daskrl train GRAPH --help` lists the flags of GRAPH's Config")
@@ -444,7 +401,7 @@ def parse_command_line(argv: Sequence[str]
     >>> args.steps, args.graph, config.num_envs, config.anneal_lr
     (1000, 'graphs/ppo.py', 4, False)
     """
-    from .forkserver import imports_without_gc
+    from daskrl.cluster.forkserver import imports_without_gc
 
     argv = list(argv)
     index = _graph_index(argv)
@@ -486,10 +443,10 @@ def _early_cluster(argv: Sequence[str]) -> Any:
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
     if flags & {"-h", "--help", "--scheduler", "--cluster", "--cluster-config"}:
         return None
-    from .forkserver import worker_forkserver
+    from daskrl.cluster.forkserver import worker_forkserver
 
     worker_forkserver()  # first: it imports what workers need while this process goes on
-    from .cluster import ClusterStart
+    from daskrl.cluster.local import ClusterStart
 
     return ClusterStart(security=True if "--tls" in flags else None)
 
@@ -500,7 +457,7 @@ def _early_cluster(argv: Sequence[str]) -> Any:
 def _security(args: argparse.Namespace) -> Any:
     if not args.tls:
         return None
-    from .cluster import tls_security
+    from daskrl.cluster.local import tls_security
 
     if not (args.tls_ca_file and args.tls_cert):
         raise UserError("--tls with --scheduler needs --tls-ca-file and --tls-cert "
@@ -513,7 +470,7 @@ def _security(args: argparse.Namespace) -> Any:
 
 def _batch_spec(args: argparse.Namespace) -> Any:
     """The ``--cluster`` job settings of ``args``; None without ``--cluster``."""
-    from .jobqueue_spec import cluster_spec
+    from daskrl.cluster.jobqueue_spec import cluster_spec
 
     return cluster_spec(args.cluster, args.cluster_config, queue=args.queue,
                         walltime=args.walltime, cores=args.cores, memory=args.memory,
@@ -524,16 +481,16 @@ def _batch_spec(args: argparse.Namespace) -> Any:
 def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
               early: Any = None) -> int:
     """Run ``daskrl train``: ``module``'s graph built from ``config`` (its flags, parsed by
-    :func:`parse_command_line`); ``early``: a :class:`~daskrl.cluster.ClusterStart` begun by
+    :func:`parse_command_line`); ``early``: a :class:`~daskrl.cluster.local.ClusterStart` begun by
     :func:`main` for the embedded cluster."""
     from distributed import Client
 
-    from .backend import DaskBackend, SyncBackend
-    from .cluster import connect, default_worker_resources, local_cluster
-    from .distributions import get_distribution
-    from .driver import RunSettings, check_settings, train
-    from .failures import FragmentError
-    from .jobqueue import describe, start_pools
+    from daskrl.cluster.jobqueue import describe, start_pools
+    from daskrl.cluster.local import connect, default_worker_resources, local_cluster
+    from daskrl.core.failures import FragmentError
+    from daskrl.distributions import get_distribution
+    from daskrl.runtime.backend import DaskBackend, SyncBackend
+    from daskrl.runtime.driver import RunSettings, check_settings, train
 
     try:
         overrides = parse_role_resources(args.resources)
@@ -618,7 +575,7 @@ def _default(f: dataclasses.Field) -> Any:
 
 def cmd_graph(args: argparse.Namespace, module: types.ModuleType, config: Any) -> int:
     """Run ``daskrl graph``: ``config``'s fields that differ from their defaults are applied."""
-    from .render import render_iteration
+    from daskrl.observe.render import render_iteration
 
     overrides = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                  if f.init and getattr(config, f.name) != _default(f)}
@@ -640,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
-    from .forkserver import imports_without_gc
+    from daskrl.cluster.forkserver import imports_without_gc
 
     with imports_without_gc():  # torch, Dask and the graph: the start-up's bulk
         early = _early_cluster(argv)
@@ -651,14 +608,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "graph":
             return cmd_graph(args, module, config)
         if args.command == "profile":
-            from .profile import report
+            from daskrl.observe.profile import report
 
             try:
                 print(report(args.run_dir))
             except (FileNotFoundError, ValueError) as exc:
                 raise UserError(str(exc)) from None
         if args.command == "replay":
-            from .failures import load_failure, replay
+            from daskrl.core.failures import load_failure, replay
 
             try:
                 record = load_failure(args.file)
@@ -671,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.file}: the replay finished without an error this time",
                   file=sys.stderr)
         if args.command == "plot":
-            from .plot import plot_run
+            from daskrl.observe.plot import plot_run
 
             try:
                 for path in plot_run(args.run_dir, args.out):

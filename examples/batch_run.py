@@ -14,10 +14,10 @@ cancelled (``scancel``/``qdel``) when training ends, also on Ctrl-C.
 import argparse
 from pathlib import Path
 
-from daskrl.cli import load_graph
+from daskrl.cluster.jobqueue import describe, job_scripts, load_spec, size_pools, start_pools
+from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.jobqueue import describe, job_scripts, load_spec, size_pools, start_pools
+from daskrl.runtime.driver import RunSettings, train
 
 if __name__ == "__main__":
     here = Path(__file__).parent

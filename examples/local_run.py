@@ -7,10 +7,10 @@ from pathlib import Path
 
 from distributed import Client
 
-from daskrl.cli import load_graph
-from daskrl.cluster import default_worker_resources, local_cluster
+from daskrl.cluster.local import default_worker_resources, local_cluster
+from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
+from daskrl.runtime.driver import RunSettings, train
 
 if __name__ == "__main__":
     ppo = load_graph(str(Path(__file__).parents[1] / "graphs" / "ppo.py"))

@@ -14,7 +14,7 @@ from functools import partial
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.a2c import A2CHyper, A2CLearner, GradientActor
 from daskrl.algos.actor_critic import evaluate_policy
-from daskrl.envs import make_vector_env, space_dims
+from daskrl.core.envs import make_vector_env, space_dims
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from daskrl import Algorithm, Resources, setting
-from daskrl.sizes import Sizes, mlp_params, transition_bytes
+from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
 from marl.mappo import (
     EnvSpec,
     MAPPOActor,

@@ -11,8 +11,8 @@ from functools import partial
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import ActorCriticLearner, VecEnvActor, evaluate_policy
 from daskrl.algos.ppo import PPOHyper
-from daskrl.envs import make_vector_env, space_dims
-from daskrl.sizes import Sizes, mlp_params, transition_bytes
+from daskrl.core.envs import make_vector_env, space_dims
+from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
 
 
 @dataclass

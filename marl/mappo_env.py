@@ -152,6 +152,6 @@ def task_device(requested: str = "auto") -> str:
         raise ValueError(f"device={requested!r} but torch sees no GPU: use --device auto or cpu")
     if requested != "auto":
         return requested
-    from daskrl.roles import pick_device
+    from daskrl.core.roles import pick_device
 
     return pick_device(task_gpu())

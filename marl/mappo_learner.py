@@ -5,7 +5,7 @@ always sees whole environments. Each team's loss is :func:`daskrl.algos.losses.p
 the teams' losses are summed and differentiated together, and each team's actor and critic
 gradients are clipped on their own (``clip_grad_norm_``) before the Adam step.
 
-The learner follows :class:`daskrl.algorithm.GradientLearner`: the value normalisers' batch
+The learner follows :class:`daskrl.core.algorithm.GradientLearner`: the value normalisers' batch
 statistics and the team-return sums are its :meth:`MAPPOLearner.statistics`, which
 data-parallel replicas average before the plan, apart from the gradients.
 """
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from daskrl.algorithm import UpdatePlan
 from daskrl.algos.losses import ppo_loss
 from daskrl.algos.ppo import explained_variance
+from daskrl.core.algorithm import UpdatePlan
 
 from .mappo_model import MAPPOModel, ModelSpec, TeamLayout
 

@@ -25,7 +25,7 @@ def cluster_gpu_client() -> Iterator[Client]:
     ``w1`` only *advertises* a GPU (a Dask resource); torch still runs on the CPU there.
     The cluster is reachable as ``client.cluster``.
     """
-    from daskrl.cluster import local_cluster
+    from daskrl.cluster.local import local_cluster
 
     cluster = local_cluster([{"CPU": 1}, {"CPU": 1, "GPU": 1}])
     client = Client(cluster)

@@ -11,12 +11,12 @@ import pytest
 from dask.delayed import Delayed, delayed
 from distributed import Client, get_task_stream
 
-from daskrl.backend import DaskBackend, SyncBackend
-from daskrl.cli import load_graph
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
+from daskrl.core.failures import FragmentError
+from daskrl.core.script import load_graph
 from daskrl.distributions import IterationInputs, get_distribution
-from daskrl.driver import RunSettings, place, train
-from daskrl.failures import FragmentError
+from daskrl.runtime.backend import DaskBackend, SyncBackend
+from daskrl.runtime.driver import RunSettings, place, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))

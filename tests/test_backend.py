@@ -9,9 +9,9 @@ import pytest
 from dask import annotate, delayed
 from distributed import Client, Event, LocalCluster
 
-from daskrl.backend import MEMBERSHIP_TOPIC, DaskBackend, SyncBackend, expected_restrictions
-from daskrl.fragment import Fragment
-from daskrl.resources import Resources
+from daskrl.core.fragment import Fragment
+from daskrl.core.resources import Resources
+from daskrl.runtime.backend import MEMBERSHIP_TOPIC, DaskBackend, SyncBackend, expected_restrictions
 
 
 def _wait_then(value: int, event_name: str) -> int:

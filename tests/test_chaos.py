@@ -26,7 +26,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from daskrl.checkpoint import list_checkpoints
+from daskrl.runtime.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.chaos
 

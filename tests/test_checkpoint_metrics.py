@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from daskrl.backend import SyncBackend
-from daskrl.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.metrics import MetricsWriter, write_summary
+from daskrl.observe.metrics import MetricsWriter, write_summary
+from daskrl.runtime.backend import SyncBackend
+from daskrl.runtime.checkpoint import list_checkpoints, load_latest, save_checkpoint
+from daskrl.runtime.driver import RunSettings, train
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from daskrl.backend import SyncBackend
-from daskrl.checkpoint import load_latest
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
+from daskrl.runtime.backend import SyncBackend
+from daskrl.runtime.checkpoint import load_latest
+from daskrl.runtime.driver import RunSettings, train
 
 REPO = Path(__file__).resolve().parent.parent
 GRAPH = str(REPO / "graphs" / "ppo.py")
@@ -221,7 +221,7 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
     from distributed import Client
 
     from daskrl.cli import _early_cluster
-    from daskrl.cluster import ClusterStart
+    from daskrl.cluster.local import ClusterStart
 
     graph = str(Path(__file__).resolve().parents[1] / "graphs" / "ppo.py")
     assert _early_cluster(["train", graph, "--scheduler", "sync"]) is None
@@ -452,11 +452,11 @@ def test_the_early_cluster_finds_the_graph_anywhere():
 
 def test_graph_command_passes_the_changed_fields_to_the_renderer(typed_graph, monkeypatch,
                                                                   capsys):
-    import daskrl.render
+    import daskrl.observe.render
     from daskrl.cli import main
 
     calls = []
-    monkeypatch.setattr(daskrl.render, "render_iteration",
+    monkeypatch.setattr(daskrl.observe.render, "render_iteration",
                         lambda *args: calls.append(args) or Path(args[2]))
     assert main(["graph", "--sizes", "3", "4", str(typed_graph), "--out", "g.svg",
                  "--critic", "central", "--distribution", "single"]) == 0, capsys.readouterr()

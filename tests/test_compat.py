@@ -9,7 +9,7 @@ import pytest
 from dask import annotate, delayed
 from distributed import Client
 
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
 from daskrl.compat import current_task_resources, graph_annotations
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from daskrl import Algorithm
-from daskrl.algorithm import (
+from daskrl.core.algorithm import (
     CAPABILITIES,
     EnvPart,
     GradientActor,
@@ -25,10 +25,10 @@ from daskrl.algorithm import (
     LearnerOutput,
     SplitActor,
 )
-from daskrl.cli import load_graph
+from daskrl.core.placement import Placement
+from daskrl.core.script import load_graph
 from daskrl.distributions import KINDS, NAMES, Distribution, Unsupported, get_distribution
 from daskrl.distributions.base import IterationInputs, iterations_per_task
-from daskrl.graph import Placement
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPO = ROOT / "graphs" / "mappo.py"

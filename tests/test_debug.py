@@ -15,10 +15,10 @@ import pytest
 
 from daskrl import Algorithm
 from daskrl.algos.actor_critic import ActorCriticLearner
-from daskrl.backend import SyncBackend
+from daskrl.core.failures import FragmentError, load_failure
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.failures import FragmentError, load_failure
+from daskrl.runtime.backend import SyncBackend
+from daskrl.runtime.driver import RunSettings, train
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--num-actors", "2", "--num-envs", "4", "--num-steps", "32", "--no-progress"]

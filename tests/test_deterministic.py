@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
+from daskrl.runtime.driver import RunSettings, train
 
 REPO = Path(__file__).resolve().parent.parent
 GRAPH = REPO / "graphs" / "ppo.py"

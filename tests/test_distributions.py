@@ -22,13 +22,13 @@ from distributed import Client, get_task_stream
 from daskrl import Resources
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.networks import DiscreteActorCritic
-from daskrl.backend import DaskBackend
-from daskrl.cli import load_graph
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
+from daskrl.core.script import load_graph
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.distributions.base import iterations_per_task
 from daskrl.distributions.central_inference import unit_seed
-from daskrl.driver import RunSettings, place, train
+from daskrl.runtime.backend import DaskBackend
+from daskrl.runtime.driver import RunSettings, place, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))
@@ -207,7 +207,7 @@ def test_distribution_errors_name_the_fix():
 
 
 def _inputs(client: Client, algo, dist, k: int) -> IterationInputs:
-    from daskrl.driver import initial_output
+    from daskrl.runtime.driver import initial_output
 
     learner_in, _, _ = initial_output(algo, RunSettings(out=Path("unused"), seed=3))
     placement = place(DaskBackend(client), algo, dist)
@@ -215,10 +215,10 @@ def _inputs(client: Client, algo, dist, k: int) -> IterationInputs:
 
 
 def _fake_inputs(algo) -> IterationInputs:
-    from daskrl.graph import plan_placement
+    from daskrl.core.placement import plan_placement
 
     net = DiscreteActorCritic(4, 2)
-    from daskrl.algorithm import LearnerOutput
+    from daskrl.core.algorithm import LearnerOutput
 
     dist = get_distribution("central-inference")
     placement = plan_placement(dist.fragments(algo), {"a": {"CPU": 1}})
@@ -227,7 +227,7 @@ def _fake_inputs(algo) -> IterationInputs:
 
 
 def test_flatten_roundtrip():
-    from daskrl.distributions.data_parallel import flatten, unflatten_into
+    from daskrl.distributions.replica import flatten, unflatten_into
 
     grads = [torch.randn(3, 2), torch.randn(5)]
     flat = flatten(grads)
@@ -239,7 +239,7 @@ def test_flatten_roundtrip():
 def test_torch_allreduce_replicas_must_have_workers_of_their_own():
     """Checked when the driver places the fragments (so after a lost worker it waits for a
     replacement), with an error that says what to do."""
-    from daskrl.graph import Placement
+    from daskrl.core.placement import Placement
 
     algo, dist = ppo(num_actors=2), get_distribution("data-parallel:allreduce=torch")
     res = {"replica": Resources(cpu=1), "learner": Resources(cpu=1)}

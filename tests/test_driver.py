@@ -22,13 +22,13 @@ from dask.delayed import Delayed, delayed
 from distributed.scheduler import KilledWorker
 
 from daskrl import Algorithm
-from daskrl.algorithm import LearnerOutput
-from daskrl.backend import Membership
-from daskrl.checkpoint import list_checkpoints
+from daskrl.core.algorithm import LearnerOutput
+from daskrl.core.fragment import Fragment
 from daskrl.distributions import Distribution, IterationInputs
-from daskrl.driver import RunSettings, train
-from daskrl.fragment import Fragment
-from daskrl.run_loop import Phase, RunLoop
+from daskrl.runtime.backend import Membership
+from daskrl.runtime.checkpoint import list_checkpoints
+from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.run_loop import Phase, RunLoop
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -330,8 +330,8 @@ def test_resume_starts_from_the_checkpoint_and_continues_the_metrics(tmp_path):
 
 
 def test_the_loop_steps_through_named_phases(tmp_path):
-    from daskrl.recorder import Recorder
-    from daskrl.run_loop import Attempt, place
+    from daskrl.runtime.recorder import Recorder
+    from daskrl.runtime.run_loop import Attempt, place
 
     backend, dist = FakeBackend(lose_at=(1,)), Counting()
     settings = _settings(tmp_path, 3, lookahead=2)

@@ -16,9 +16,9 @@ from dask.utils import key_split
 from distributed import Client, Event
 
 from daskrl import Resources, plan_placement, task, task_key
-from daskrl.cluster import worker_resources
+from daskrl.cluster.local import worker_resources
 from daskrl.distributions import IterationInputs, get_distribution
-from daskrl.driver import RunSettings, initial_output, train
+from daskrl.runtime.driver import RunSettings, initial_output, train
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -212,7 +212,7 @@ def test_fallbacks_resolve_against_the_cluster_workers(cluster_gpu_client, clust
 
 
 def test_pin_never_relaxes_resources():
-    from daskrl.cluster import local_cluster, sync_workers
+    from daskrl.cluster.local import local_cluster, sync_workers
 
     cluster = local_cluster([{"CPU": 1}, {"CPU": 1, "GPU": 1}])
     client = Client(cluster)
@@ -241,7 +241,7 @@ def test_embedded_workers_keep_freed_memory_for_reuse(cluster_gpu_client):
     (which made every large array a fresh mmap and slowed the update by a quarter)."""
     import os
 
-    from daskrl.forkserver import WORKER_MALLOC
+    from daskrl.cluster.forkserver import WORKER_MALLOC
 
     env = cluster_gpu_client.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC})
     assert list(env.values()) == [{k: str(v) for k, v in WORKER_MALLOC.items()}] * 2

@@ -24,11 +24,9 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cli import load_graph, main
-from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.forkserver import WORKER_MALLOC
-from daskrl.jobqueue import (
+from daskrl.cli import main
+from daskrl.cluster.forkserver import WORKER_MALLOC
+from daskrl.cluster.jobqueue import (
     JobQueueSpec,
     add_jobqueue_flags,
     job_scripts,
@@ -39,6 +37,9 @@ from daskrl.jobqueue import (
     start_pools,
     wait_for_pools,
 )
+from daskrl.core.script import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.runtime.driver import RunSettings, train
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +90,7 @@ def test_processes_split_cores_and_no_gpu_pool_without_gpus():
 
 
 def test_importing_keeps_ctrl_c_a_keyboard_interrupt():
-    # dask-jobqueue 0.9.0 sets SIGINT to sys.exit() on import; daskrl.jobqueue undoes it
+    # dask-jobqueue 0.9.0 sets SIGINT to sys.exit() on import; daskrl.cluster.jobqueue undoes it
     handler = signal.getsignal(signal.SIGINT)
     assert getattr(handler, "__module__", None) != "dask_jobqueue.runner"
 

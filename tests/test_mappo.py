@@ -11,10 +11,10 @@ import torch
 
 from daskrl import Resources
 from daskrl.algos.gae import gae
-from daskrl.cli import load_graph
+from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.distributions.data_parallel import ReplicaUpdate, digest, sync_rounds
-from daskrl.driver import RunSettings, train
+from daskrl.distributions.replica import ReplicaUpdate, digest, sync_rounds
+from daskrl.runtime.driver import RunSettings, train
 from marl.mappo import (
     EnvSpec,
     MAPPOActor,

@@ -9,12 +9,13 @@ import pytest
 from distributed import Client, LocalCluster, Nanny
 
 from daskrl import Algorithm, Placement
-from daskrl.backend import DaskBackend, SyncBackend
-from daskrl.cli import load_graph
-from daskrl.cluster import configure_dask, sync_workers
+from daskrl.cluster.local import configure_dask, sync_workers
+from daskrl.core.script import load_graph
+from daskrl.core.sizes import Sizes
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.memory import (
+from daskrl.runtime.backend import DaskBackend, SyncBackend
+from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.memory import (
     ACTOR_COPIES,
     LEARNER_COPIES,
     PROCESS_BYTES,
@@ -22,7 +23,6 @@ from daskrl.memory import (
     check_memory,
     estimate,
 )
-from daskrl.sizes import Sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 2 * 2**30
@@ -36,7 +36,7 @@ def cluster_small_memory() -> Iterator[Client]:
                       dashboard_address="127.0.0.1:0") as cluster:
         (template,) = cluster.new_worker_spec().values()
         base = dict(template["options"])
-        for name in ("w0", "w1"):  # named like daskrl.cluster.local_cluster's workers
+        for name in ("w0", "w1"):  # named like daskrl.cluster.local.local_cluster's workers
             cluster.worker_spec[name] = {"cls": Nanny, "options": {
                 **base, "nthreads": 1, "resources": {"CPU": 1}}}
         sync_workers(cluster)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from distributed import Client
 
-from daskrl.cli import load_graph
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
+from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.profile import breakdown, report
+from daskrl.observe.profile import breakdown, report
+from daskrl.runtime.driver import RunSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

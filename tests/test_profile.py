@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cli import load_graph
-from daskrl.cluster import local_cluster
+from daskrl.cluster.local import local_cluster
+from daskrl.core.roles import merge_stats
+from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.driver import RunSettings, train
-from daskrl.plot import read_metrics
-from daskrl.profile import PARTS, breakdown, split, sweep
-from daskrl.roles import merge_stats
+from daskrl.observe.plot import read_metrics
+from daskrl.observe.profile import PARTS, breakdown, split, sweep
+from daskrl.runtime.driver import RunSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from daskrl.compat import graph_annotations
-from daskrl.render import COLOURS, DOC_PICTURES, iteration_graph, render_iteration
+from daskrl.observe.render import COLOURS, DOC_PICTURES, iteration_graph, render_iteration
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz `dot` not installed")

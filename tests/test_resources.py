@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from daskrl import Algorithm, Fragment, Resources, parse_resources, plan_placement
-from daskrl.resources import parse_role_resources
+from daskrl.core.resources import parse_role_resources
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,11 +16,11 @@ import torch
 from distributed import Client
 
 from daskrl import plan_placement, resident
-from daskrl.checkpoint import load_latest
-from daskrl.cluster import local_cluster, sync_workers, worker_resources
+from daskrl.cluster.local import local_cluster, sync_workers, worker_resources
+from daskrl.core.worker_state import PLUGIN_NAME, drop_run, in_turn, register, worker_name
 from daskrl.distributions import IterationInputs, get_distribution
-from daskrl.driver import RunSettings, initial_output, train
-from daskrl.state import PLUGIN_NAME, drop_run, in_turn, register, worker_name
+from daskrl.runtime.checkpoint import load_latest
+from daskrl.runtime.driver import RunSettings, initial_output, train
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from daskrl.algos.actor_critic import VecEnvActor
-from daskrl.envs import make_vector_env
+from daskrl.core.envs import make_vector_env
 
 pytestmark = pytest.mark.timeout(60)
 

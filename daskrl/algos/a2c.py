@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import losses
-from .actor_critic import VecEnvActor
-from .learner import ActorCriticLearner, Minibatch, batch_tensors, compiled
-from .networks import DiscreteActorCritic
-from .ppo import PPOHyper
+from daskrl.algos import losses
+from daskrl.algos.actor_critic import VecEnvActor
+from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, compiled
+from daskrl.algos.networks import DiscreteActorCritic
+from daskrl.algos.ppo import PPOHyper
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..envs import make_vector_env, space_dims
-from .gae import gae
-from .learner import ActorCriticLearner
-from .networks import DiscreteActorCritic
+from daskrl.algos.gae import gae
+from daskrl.algos.learner import ActorCriticLearner
+from daskrl.algos.networks import DiscreteActorCritic
+from daskrl.core.envs import make_vector_env, space_dims
 
 __all__ = ["ActorCriticLearner", "EnvRunner", "EnvStep", "RolloutRecorder", "VecEnvActor",
            "burn_cpu", "evaluate_policy"]
@@ -300,11 +300,11 @@ class VecEnvActor:
         self.recorder.set_weights(weights, version)
 
     def env_part(self) -> EnvRunner:
-        """The env half (:class:`~daskrl.algorithm.SplitActor`; ``central-inference``)."""
+        """The env half (:class:`~daskrl.core.algorithm.SplitActor`; ``central-inference``)."""
         return self.runner
 
     def inference_part(self) -> RolloutRecorder:
-        """The policy half (:class:`~daskrl.algorithm.SplitActor`; ``central-inference``)."""
+        """The policy half (:class:`~daskrl.core.algorithm.SplitActor`; ``central-inference``)."""
         return self.recorder
 
     def rollout(self, num_steps: int) -> dict[str, Any]:

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..algorithm import Batch, UpdatePlan
-from .losses import PPO_PARTS
-from .networks import DiscreteActorCritic
-from .ppo import PPOHyper, _loss, explained_variance
+from daskrl.algos.losses import PPO_PARTS
+from daskrl.algos.networks import DiscreteActorCritic
+from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
+from daskrl.core.algorithm import Batch, UpdatePlan
 
 Minibatch = dict[str, Tensor]
 """Tensors of one gradient step, on the learner's device."""

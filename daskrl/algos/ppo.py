@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from . import losses
+from daskrl.algos import losses
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .actors_learner import ActorsLearner
-from .async_grads import AsyncGradients
-from .base import Distribution, IterationInputs, Unsupported, parse_spec
-from .central_inference import CentralInference
-from .data_parallel import DataParallel
-from .single import Single
+from daskrl.distributions.actors_learner import ActorsLearner
+from daskrl.distributions.async_grads import AsyncGradients
+from daskrl.distributions.base import Distribution, IterationInputs, Unsupported, parse_spec
+from daskrl.distributions.central_inference import CentralInference
+from daskrl.distributions.data_parallel import DataParallel
+from daskrl.distributions.single import Single
 
 KINDS: dict[str, type[Distribution]] = {
     cls.name: cls

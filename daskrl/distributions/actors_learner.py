@@ -16,7 +16,8 @@ then taken against the policy that acted). The learner is placed on another work
 the rollouts when there is one, and the embedded cluster starts one more worker for it;
 ``policy_lag`` in the metrics is how many updates old the acting weights were. The
 rollouts of two consecutive iterations can then be ready at once; each replica's still run
-in iteration order (:func:`daskrl.state.in_turn`), so a seed gives the same numbers. Short
+in iteration order (:func:`daskrl.core.worker_state.in_turn`), so a seed gives the same
+numbers. Short
 iterations run several to a group of tasks that pass batches and weights to each other
 directly (:mod:`daskrl.distributions.stale_pipe`), with the same numbers.
 """
@@ -29,14 +30,21 @@ from typing import Any
 
 from dask.delayed import Delayed
 
-from .. import roles
-from ..algorithm import Algorithm, Batch, LearnerOutput
-from ..fragment import Fragment
-from ..graph import Placement, task, task_key
-from ..resources import Resources
-from ..roles import TaskContext
-from .base import Distribution, IterationInputs, chained, pinned, to_bool, to_int
-from .stale_pipe import join, learn_carried, learn_group, rollout_group
+from daskrl.core import roles
+from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import Placement, task, task_key
+from daskrl.core.resources import Resources
+from daskrl.core.roles import TaskContext
+from daskrl.distributions.base import (
+    Distribution,
+    IterationInputs,
+    chained,
+    pinned,
+    to_bool,
+    to_int,
+)
+from daskrl.distributions.stale_pipe import join, learn, learn_carried, learn_group, rollout_group
 
 CARRIED = "carried"
 """What :meth:`ActorsLearner.acting_weights` returns when the iteration's batches were
@@ -253,7 +261,7 @@ def rollout_and_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutp
                       rollout_ctx: TaskContext, replicas: tuple[int, ...], count: int = 1
                       ) -> LearnerOutput:
     """Roles ``rollout`` and ``learner`` in one task on the learner's worker (on-policy):
-    :func:`daskrl.roles.rollout` (all replicas fused), then :func:`learn`, for ``count``
+    :func:`daskrl.core.roles.rollout` (all replicas fused), then :func:`learn`, for ``count``
     consecutive iterations (see :func:`~daskrl.distributions.base.chained`)."""
     def one(it_ctx: TaskContext, current: LearnerOutput) -> LearnerOutput:
         r_ctx = dataclasses.replace(rollout_ctx, iteration=it_ctx.iteration)
@@ -261,14 +269,3 @@ def rollout_and_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutp
         return learn(it_ctx, algo, current, batch)
 
     return chained(ctx, learner_in, count, one)
-
-
-def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches: Batch
-          ) -> LearnerOutput:
-    """Role ``learner``: :func:`daskrl.roles.learn`, plus ``policy_lag`` (updates between
-    the weights the batches were collected with and the ones updated now; 0 on-policy)."""
-    out = roles.learn(ctx, algo, learner_in, *batches)
-    versions = [b["stats"].get("policy_version") for b in batches]
-    if all(isinstance(v, int) and v >= 0 for v in versions):
-        out.metrics["policy_lag"] = learner_in.version - min(versions)
-    return out

@@ -27,13 +27,13 @@ import torch
 from dask.delayed import Delayed
 from distributed import as_completed, get_worker, worker_client
 
-from ..algorithm import Algorithm, GradientActor, LearnerOutput
-from ..fragment import Fragment
-from ..graph import task
-from ..resources import Resources
-from ..roles import TaskContext, merge_stats, resident_actor, resident_learner
-from ..state import worker_name
-from .base import Distribution, IterationInputs, Unsupported, pinned, step_key
+from daskrl.core.algorithm import Algorithm, GradientActor, LearnerOutput
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import task
+from daskrl.core.resources import Resources
+from daskrl.core.roles import TaskContext, merge_stats, resident_actor, resident_learner
+from daskrl.core.worker_state import worker_name
+from daskrl.distributions.base import Distribution, IterationInputs, Unsupported, pinned, step_key
 
 
 def gradient(ctx: TaskContext, algo: Algorithm, weights: dict[str, torch.Tensor], version: int
@@ -197,7 +197,7 @@ class AsyncGradients(Distribution):
                 Fragment(async_learn, "learner", algo.resources_for("learner"))]
 
     def sketch(self, inputs: IterationInputs) -> Delayed:
-        """A static picture of one iteration's dynamic tasks, for :mod:`daskrl.render`.
+        """A static picture of one iteration's dynamic tasks, for :mod:`daskrl.observe.render`.
 
         Gradients are drawn arriving round-robin: ``grad-<a>-..-s<j>`` is actor ``a``'s
         ``j``-th gradient, computed with the weights made by the ``apply`` it hangs from.

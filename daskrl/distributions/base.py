@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 import dask
 from dask.delayed import Delayed, delayed
 
-from ..algorithm import CAPABILITIES, Algorithm, LearnerOutput
-from ..failures import Call
-from ..fragment import Fragment
-from ..graph import Placement
-from ..resources import Resources
-from ..roles import TaskContext
+from daskrl.core.algorithm import CAPABILITIES, Algorithm, LearnerOutput
+from daskrl.core.failures import Call
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import Placement
+from daskrl.core.resources import Resources
+from daskrl.core.roles import TaskContext
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Distribution(ABC):
     name: ClassVar[str]
     """The name users pick it by (``--distribution NAME``)."""
     requires: ClassVar[frozenset[str]] = frozenset()
-    """Capabilities (:data:`daskrl.algorithm.CAPABILITIES`) every algorithm it runs must
+    """Capabilities (:data:`daskrl.core.algorithm.CAPABILITIES`) every algorithm it runs must
     declare."""
     dynamic: ClassVar[bool] = False
     """True when :meth:`iteration` submits tasks as it runs, so that :meth:`sketch` draws a
@@ -129,7 +129,7 @@ class Distribution(ABC):
         return algo.num_actors
 
     def sketch(self, inputs: IterationInputs) -> Delayed:
-        """The graph :mod:`daskrl.render` draws (default: :meth:`iteration`'s)."""
+        """The graph :mod:`daskrl.observe.render` draws (default: :meth:`iteration`'s)."""
         return self.iteration(inputs)
 
 
@@ -172,7 +172,8 @@ def chained(ctx: TaskContext, learner_in: LearnerOutput, count: int,
 def step_key(role: str, replica: int | str, iteration: int, step: int, run: str) -> str:
     """Key of a task inside an iteration, ``<role>-<replica>-it<k>-s<step>-<run>``.
 
-    The dashboard groups it under ``<role>`` like the keys of :func:`daskrl.graph.task_key`.
+    The dashboard groups it under ``<role>`` like the keys of
+    :func:`daskrl.core.placement.task_key`.
 
     Examples
     --------

@@ -20,15 +20,22 @@ from typing import Any, cast
 import numpy as np
 from dask.delayed import Delayed
 
-from .. import roles
-from ..algorithm import Algorithm, Batch, EnvPart, InferencePart, LearnerOutput, SplitActor
-from ..algos.actor_critic import EnvStep
-from ..fragment import Fragment
-from ..graph import task, task_key
-from ..roles import TaskContext
-from ..state import resident, worker_name
-from .actors_learner import colocated
-from .base import Distribution, IterationInputs, pinned, step_key, to_int
+from daskrl.algos.actor_critic import EnvStep
+from daskrl.core import roles
+from daskrl.core.algorithm import (
+    Algorithm,
+    Batch,
+    EnvPart,
+    InferencePart,
+    LearnerOutput,
+    SplitActor,
+)
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import task, task_key
+from daskrl.core.roles import TaskContext
+from daskrl.core.worker_state import resident, worker_name
+from daskrl.distributions.actors_learner import colocated
+from daskrl.distributions.base import Distribution, IterationInputs, pinned, step_key, to_int
 
 
 def unit_seed(ctx: TaskContext, unit: int) -> int:

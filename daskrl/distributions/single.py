@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from dask.delayed import Delayed
 
-from ..algorithm import Algorithm, LearnerOutput
-from ..fragment import Fragment
-from ..graph import task
-from ..roles import (
+from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import task
+from daskrl.core.roles import (
     TaskContext,
     keep_snapshot,
     merge_stats,
@@ -25,8 +25,8 @@ from ..roles import (
     resident_learner,
     snapshots,
 )
-from ..state import worker_name
-from .base import Distribution, IterationInputs, chained, to_int
+from daskrl.core.worker_state import worker_name
+from daskrl.distributions.base import Distribution, IterationInputs, chained, to_int
 
 
 def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,

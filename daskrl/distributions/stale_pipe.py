@@ -38,13 +38,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import roles
-from ..algorithm import Algorithm, Batch, LearnerOutput
-from ..failures import Call, PeerLost
-from ..graph import task_key
-from ..roles import TaskContext
-from .base import chained
-from .torch_allreduce import ensure_group
+from daskrl.core import roles
+from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput
+from daskrl.core.failures import Call, PeerLost
+from daskrl.core.placement import task_key
+from daskrl.core.roles import TaskContext
+from daskrl.distributions.base import chained
+from daskrl.distributions.torch_allreduce import ensure_group
 
 WHO = "actors-learner:stale=1"
 
@@ -132,7 +132,6 @@ def learn_group(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, ra
     """Role ``learner``: ``count`` updates, each on the batches that the ``ranks`` rollout
     tasks send (the first on ``learner_in.carried`` when ``carried``); each update's
     weights go back to them for the rollout two iterations on."""
-    from .actors_learner import learn
 
     ensure_group(ctx.run, 0, ranks + 1, "gloo", who=WHO)
     first = _carried(learner_in, ranks) if carried else []
@@ -210,7 +209,6 @@ def learn_carried(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
                   ) -> LearnerOutput:
     """Role ``learner``: one update on the batches ``learner_in`` carries (a group before
     collected them)."""
-    from .actors_learner import learn
 
     batches = _carried(learner_in, len(learner_in.carried))
     return learn(ctx, algo, dataclasses.replace(learner_in, carried=[]), *batches)
@@ -221,3 +219,14 @@ def _carried(learner_in: LearnerOutput, ranks: int) -> list[Batch]:
         raise RuntimeError(f"{WHO}: iteration expected {ranks} batches from the group of tasks "
                            f"before, got {len(learner_in.carried)}")
     return list(learner_in.carried)
+
+
+def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches: Batch
+          ) -> LearnerOutput:
+    """Role ``learner``: :func:`daskrl.core.roles.learn`, plus ``policy_lag`` (updates between
+    the weights the batches were collected with and the ones updated now; 0 on-policy)."""
+    out = roles.learn(ctx, algo, learner_in, *batches)
+    versions = [b["stats"].get("policy_version") for b in batches]
+    if all(isinstance(v, int) and v >= 0 for v in versions):
+        out.metrics["policy_lag"] = learner_in.version - min(versions)
+    return out

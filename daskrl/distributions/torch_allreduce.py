@@ -14,10 +14,10 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from ..algorithm import Algorithm, LearnerOutput
-from ..failures import PeerLost
-from ..roles import TaskContext
-from .data_parallel import ReplicaUpdate, _finish, _start
+from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.failures import PeerLost
+from daskrl.core.roles import TaskContext
+from daskrl.distributions.replica import ReplicaUpdate, finish_replica, start_replica
 
 JOIN_TIMEOUT_S = 120.0
 """How long a replica waits for the others to join the process group."""
@@ -63,7 +63,7 @@ def ensure_group(run: str, rank: int, world: int, backend: str,
 def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                   workers: tuple[str, ...]) -> dict[str, Any]:
     """Role ``replica``: roll out and update, gradients all-reduced by ``torch.distributed``."""
-    holder, learner, batch = _start(ctx, algo, learner_in)
+    holder, learner, batch = start_replica(ctx, algo, learner_in)
     device = str(learner.device)
     world = len(workers)
     ensure_group(ctx.run, ctx.replica, world, "nccl" if device.startswith("cuda") else "gloo")
@@ -80,4 +80,4 @@ def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     flat: torch.Tensor | None = update.start()
     while flat is not None:  # the same plan on every replica: the same number of rounds
         flat = update.step(average(flat))
-    return _finish(ctx, holder, update.finish())
+    return finish_replica(ctx, holder, update.finish())

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .sizes import FLOAT_BYTES, MiB, Sizes, format_bytes
+from daskrl.core.sizes import FLOAT_BYTES, MiB, Sizes, format_bytes
 
 if TYPE_CHECKING:
-    from .algorithm import Algorithm
-    from .distributions import Distribution
-    from .graph import Placement
+    from daskrl.core.algorithm import Algorithm
+    from daskrl.core.placement import Placement
+    from daskrl.distributions import Distribution
 
 PROCESS_BYTES = 384 * MiB
 """A worker process with Python, torch, gymnasium and Dask loaded (about 370 MiB measured
@@ -155,7 +155,7 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str
     Examples
     --------
     >>> from daskrl import Algorithm, Placement
-    >>> from daskrl.backend import SyncBackend
+    >>> from daskrl.runtime.backend import SyncBackend
     >>> algo = Algorithm("a", print, print, print, num_steps=8, sizes=Sizes(47, 9000))
     >>> place = Placement({}, {"learner": ("local",)})
     >>> need = check_memory(SyncBackend(), algo, "single", place)  # no limit in-process

@@ -1,7 +1,7 @@
 """What each role does on its worker: the functions the iteration graph's tasks call.
 
 Every function takes a :class:`TaskContext` first; the state it needs (envs, learner) is
-resident on the worker (:mod:`daskrl.state`) and rebuilt from seeds where it is missing.
+resident on the worker (:mod:`daskrl.core.worker_state`) and rebuilt from seeds where it is missing.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
-from .algorithm import Actor, Algorithm, Batch, LearnerOutput, ResizableActor
-from .state import drop_key, in_turn, resident, worker_name
+from daskrl.core.algorithm import Actor, Algorithm, Batch, LearnerOutput, ResizableActor
+from daskrl.core.worker_state import drop_key, in_turn, resident, worker_name
 
 T = TypeVar("T")
 
@@ -124,7 +124,7 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
 
     With ``replicas`` (more than one), the co-located replicas run fused as one actor.
     With ``ctx.after`` set, it runs once that iteration's rollout of the same envs ran on
-    this worker (:func:`~daskrl.state.in_turn`).
+    this worker (:func:`~daskrl.core.worker_state.in_turn`).
     """
     ident = replicas if len(replicas) > 1 else ctx.replica
 

@@ -9,9 +9,9 @@ from typing import Any
 import dask
 from dask.delayed import Delayed, delayed
 
-from .failures import Call
-from .fragment import Fragment
-from .resources import Resources
+from daskrl.core.failures import Call
+from daskrl.core.fragment import Fragment
+from daskrl.core.resources import Resources
 
 
 def task_key(role: str, replica: int, iteration: int, run: str) -> str:

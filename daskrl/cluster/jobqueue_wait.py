@@ -14,9 +14,9 @@ from dask.utils import parse_timedelta
 from distributed import Client
 
 if TYPE_CHECKING:
-    from .jobqueue import PoolCluster
+    from daskrl.cluster.jobqueue import PoolCluster
 
-logger = logging.getLogger("daskrl.jobqueue")
+logger = logging.getLogger("daskrl.cluster.jobqueue")
 
 
 def wait_for_pools(client: Client, cluster: PoolCluster, timeout: str | float | None = None

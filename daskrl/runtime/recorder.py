@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .algorithm import LearnerOutput
-from .metrics import MetricsWriter
-from .profile import Timeline, finite
+from daskrl.core.algorithm import LearnerOutput
+from daskrl.observe.metrics import MetricsWriter
+from daskrl.observe.profile import Timeline, finite
 
 
 class Recorder:

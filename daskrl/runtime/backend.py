@@ -17,10 +17,10 @@ from dask.delayed import Delayed
 from distributed import Client, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .cluster import worker_resources
-from .compat import graph_annotations
-from .fragment import Fragment
-from .state import register as register_resident_state
+from daskrl.cluster.local import worker_resources
+from daskrl.compat import graph_annotations
+from daskrl.core.fragment import Fragment
+from daskrl.core.worker_state import register as register_resident_state
 
 
 class Handle(Protocol):
@@ -338,7 +338,7 @@ class SyncBackend:
 
     def workers(self, fragments: list[Fragment]) -> dict[str, Mapping[str, float]]:
         """One process that offers what the fragments ask for (GPUs only if torch sees one)."""
-        from .cluster import _visible_gpus
+        from daskrl.cluster.local import _visible_gpus
 
         offered: dict[str, float] = {}
         for frag in fragments:

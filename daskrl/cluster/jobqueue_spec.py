@@ -1,7 +1,7 @@
 """Batch-job settings: :class:`JobQueueSpec`, read from YAML and ``daskrl train`` flags.
 
-``examples/cluster.yaml`` documents every key; :mod:`daskrl.jobqueue` turns a spec into pools
-of jobs.
+``examples/cluster.yaml`` documents every key; :mod:`daskrl.cluster.jobqueue` turns a
+spec into pools of jobs.
 """
 
 from __future__ import annotations

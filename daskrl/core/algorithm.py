@@ -10,9 +10,9 @@ from typing import Any, Protocol
 import cloudpickle
 import torch
 
-from .fragment import check_role
-from .resources import Resources
-from .sizes import Sizes
+from daskrl.core.fragment import check_role
+from daskrl.core.resources import Resources
+from daskrl.core.sizes import Sizes
 
 Batch = dict[str, Any]
 """A rollout's transitions (flat numpy arrays) plus ``stats`` (a dict of numbers/lists)."""
@@ -302,10 +302,10 @@ class Algorithm:
         and ``env`` (``env`` defaults to ``rollout``'s, ``inference`` to ``learner``'s).
     env_id : str, optional
         Checked against gymnasium's registry before any work starts.
-    sizes : daskrl.sizes.Sizes, optional
+    sizes : daskrl.core.sizes.Sizes, optional
         Bytes per env step of a rollout batch and the model's parameter count; with them,
         the driver refuses a run that would exceed a worker's memory limit
-        (:func:`daskrl.memory.check_memory`). None: not checked.
+        (:func:`daskrl.runtime.memory.check_memory`). None: not checked.
     capabilities : iterable of str
         What its actors and learner offer beyond the :class:`Actor`/:class:`Learner`
         protocols, from :data:`CAPABILITIES`; each distribution requires some
@@ -357,7 +357,7 @@ class Algorithm:
             if not isinstance(res, Resources):
                 raise TypeError(f"resources[{role!r}] must be daskrl.Resources, got {res!r}")
         if self.sizes is not None and not isinstance(self.sizes, Sizes):
-            raise TypeError(f"sizes must be daskrl.sizes.Sizes, got {self.sizes!r}")
+            raise TypeError(f"sizes must be daskrl.core.sizes.Sizes, got {self.sizes!r}")
         for name in ("num_steps", "num_envs", "num_actors"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

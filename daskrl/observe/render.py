@@ -16,11 +16,11 @@ from typing import Any
 from dask.delayed import Delayed, delayed
 from dask.utils import key_split
 
-from .compat import graph_annotations
-from .distributions import Distribution, IterationInputs, get_distribution
-from .fragment import Fragment
-from .graph import plan_placement
-from .roles import evaluate
+from daskrl.compat import graph_annotations
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import plan_placement
+from daskrl.core.roles import evaluate
+from daskrl.distributions import Distribution, IterationInputs, get_distribution
 
 EXAMPLE_WORKERS: dict[str, dict[str, float]] = {
     "cpu-0": {"CPU": 1}, "cpu-1": {"CPU": 1}, "gpu-0": {"CPU": 1, "GPU": 1}}
@@ -48,7 +48,7 @@ def iteration_graph(graph_path: str, distribution: str | None,
     --------
     >>> g, algo, _, dist = iteration_graph("graphs/ppo.py", "actors-learner")  # doctest: +SKIP
     """
-    from .cli import load_graph
+    from daskrl.core.script import load_graph
 
     module = load_graph(graph_path)
     try:

@@ -31,7 +31,7 @@ to the OS later.
 WORKER_DASK_ENV: dict[str, str] = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
 """Dask settings for the workers daskrl starts, as environment variables; one already set
 in the environment daskrl runs in wins. Embedded workers get them through their nanny's
-config (:func:`daskrl.cluster.configure_dask`), batch jobs as exports in the job script.
+config (:func:`daskrl.cluster.local.configure_dask`), batch jobs as exports in the job script.
 
 Dask's statistical profiler samples each worker's running task every 10 ms, which
 costs a tight RL iteration a few percent, while ``daskrl profile`` and the task stream
@@ -41,9 +41,9 @@ already show where iteration time goes.
 
 WORKER_PRELOAD = ("distributed", "distributed.nanny", "distributed.worker", "torch",
                   "gymnasium", "daskrl.algos.actor_critic", "daskrl.distributions",
-                  "daskrl.roles")
+                  "daskrl.core.roles")
 """Modules the worker fork server imports once, before it forks any worker
-(:mod:`daskrl.worker_preload`)."""
+(:mod:`daskrl.cluster.worker_preload`)."""
 
 
 @contextmanager
@@ -115,7 +115,7 @@ def worker_forkserver() -> str | None:
     or ``None`` where the platform has no fork server.
 
     It starts at once and imports :data:`WORKER_PRELOAD` on its own core while this process
-    goes on (:mod:`daskrl.worker_preload`), so a worker forked from it has torch and
+    goes on (:mod:`daskrl.cluster.worker_preload`), so a worker forked from it has torch and
     gymnasium imported already (a spawned worker imports them itself). Dask's
     ``distributed.worker.multiprocessing-method: forkserver`` setting then makes its nanny
     start workers from this server. A forked worker keeps its server's environment, so the
@@ -136,7 +136,7 @@ def worker_forkserver() -> str | None:
         return None
     environ = {k: str(v) for k, v in WORKER_MALLOC.items()}
     environ["PYTHONHASHSEED"] = WORKER_HASH_SEED
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["daskrl.worker_preload"])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["daskrl.cluster.worker_preload"])
     saved = dict(os.environ)
     try:
         os.environ.update(environ)

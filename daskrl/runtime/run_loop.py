@@ -1,6 +1,6 @@
 """The run loop: submit iteration graphs ahead, record them in order, recover lost workers.
 
-:func:`daskrl.driver.train` sets a run up and hands its iterations to a :class:`RunLoop`,
+:func:`daskrl.runtime.driver.train` sets a run up and hands its iterations to a :class:`RunLoop`,
 a small state machine (:class:`Phase`):
 
 ``SUBMITTING``
@@ -9,7 +9,7 @@ a small state machine (:class:`Phase`):
 ``WAITING``
     Wait for the oldest graph in flight and record its iterations (metrics, checkpoint).
     A worker it needed leaving (reported by the scheduler, see
-    :class:`~daskrl.backend.MembershipPlugin`) or a lost task leads to ``RECOVERING``.
+    :class:`~daskrl.runtime.backend.MembershipPlugin`) or a lost task leads to ``RECOVERING``.
 ``RECOVERING``
     Let go of everything in flight, place the fragments again on the workers there are
     and submit again from the last finished iteration, under new task keys.
@@ -34,15 +34,15 @@ from dask.delayed import Delayed
 from distributed.client import FutureCancelledError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
-from . import roles
-from .algorithm import Algorithm, LearnerOutput
-from .backend import Backend, Handle
-from .checkpoint import save_checkpoint
-from .distributions import Distribution, IterationInputs
-from .failures import PeerLost
-from .fragment import Fragment
-from .graph import Placement, plan_placement
-from .recorder import Recorder
+from daskrl.core import roles
+from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.failures import PeerLost
+from daskrl.core.fragment import Fragment
+from daskrl.core.placement import Placement, plan_placement
+from daskrl.distributions import Distribution, IterationInputs
+from daskrl.runtime.backend import Backend, Handle
+from daskrl.runtime.checkpoint import save_checkpoint
+from daskrl.runtime.recorder import Recorder
 
 
 class WorkersLost(RuntimeError):
@@ -105,7 +105,7 @@ def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Plac
 
     Examples
     --------
-    >>> from daskrl.backend import SyncBackend
+    >>> from daskrl.runtime.backend import SyncBackend
     >>> from daskrl.distributions import get_distribution
     >>> algo = Algorithm("a", print, print, print, num_steps=8, num_envs=4)
     >>> place(SyncBackend(), algo, get_distribution("single")).worker("learner", 0)

@@ -2,7 +2,7 @@
 
 :func:`train` checks the settings, places the fragments, refuses what would not fit in
 memory, starts from a fresh learner or the latest checkpoint, and hands the iterations to
-a :class:`~daskrl.run_loop.RunLoop` (submit ahead, record, recover, checkpoint).
+a :class:`~daskrl.runtime.run_loop.RunLoop` (submit ahead, record, recover, checkpoint).
 """
 
 from __future__ import annotations
@@ -13,19 +13,20 @@ from typing import Any
 
 from distributed import Client
 
-from . import roles
-from .algorithm import Algorithm, LearnerOutput
-from .backend import Backend, DaskBackend
-from .checkpoint import list_checkpoints, load_latest, weights_sha256
-from .distributions import Distribution, IterationInputs
-from .failures import FragmentError, failure, save_failure
-from .graph import task
-from .memory import check_memory
-from .metrics import write_summary
-from .profile import Timeline
-from .recorder import Recorder
-from .run_loop import Attempt, RunLoop, RunSettings, place
-from .state import drop_run
+from daskrl.core import roles
+from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.failures import FragmentError, failure, save_failure
+from daskrl.core.placement import task
+from daskrl.core.weights import weights_sha256
+from daskrl.core.worker_state import drop_run
+from daskrl.distributions import Distribution, IterationInputs
+from daskrl.observe.metrics import write_summary
+from daskrl.observe.profile import Timeline
+from daskrl.runtime.backend import Backend, DaskBackend
+from daskrl.runtime.checkpoint import list_checkpoints, load_latest
+from daskrl.runtime.memory import check_memory
+from daskrl.runtime.recorder import Recorder
+from daskrl.runtime.run_loop import Attempt, RunLoop, RunSettings, place
 
 __all__ = ["RunSettings", "check_settings", "initial_output", "place", "train"]
 
@@ -76,7 +77,7 @@ def train(
 ) -> dict[str, Any]:
     """Train ``algo`` under ``distribution`` on a cluster (or in-process); return the summary.
 
-    ``client`` is a ``distributed.Client`` or a :class:`~daskrl.backend.Backend`
+    ``client`` is a ``distributed.Client`` or a :class:`~daskrl.runtime.backend.Backend`
     (``SyncBackend()`` runs everything in this process).
 
     Writes ``metrics.csv``, ``summary.json`` and ``checkpoints/`` under ``settings.out``.
@@ -90,7 +91,7 @@ def train(
     Examples
     --------
     >>> import tempfile
-    >>> from daskrl.backend import SyncBackend
+    >>> from daskrl.runtime.backend import SyncBackend
     >>> from daskrl.distributions import get_distribution
     >>> train(SyncBackend(), None, get_distribution("single"),
     ...       RunSettings(Path(tempfile.mkdtemp()), steps=-1))

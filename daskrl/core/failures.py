@@ -78,7 +78,7 @@ def deterministic_torch() -> None:
 
 def _pack(fn: Callable[..., Any], key: str, args: tuple, kwargs: dict, exc: Exception
           ) -> bytes:
-    from .state import worker_name
+    from daskrl.core.worker_state import worker_name
 
     record: dict[str, Any] = {
         "key": key, "error": f"{type(exc).__name__}: {exc}", "worker": worker_name(),

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .resources import Resources
+from daskrl.core.resources import Resources
 
 _ROLE = re.compile(r"^[a-z][a-z_]*$")
 

@@ -7,9 +7,10 @@ dask-jobqueue keeps one job template per cluster object. :class:`PoolCluster` is
 stable worker names (``cpu-0``, ``gpu-0``; ``cpu-0-1`` with several processes per job), and
 ``close()`` cancels every job.
 
-Settings live in :class:`~daskrl.jobqueue_spec.JobQueueSpec` (:mod:`daskrl.jobqueue_spec`),
+Settings live in :class:`~daskrl.cluster.jobqueue_spec.JobQueueSpec`
+(:mod:`daskrl.cluster.jobqueue_spec`),
 re-exported here with the functions that read them; waiting for the jobs' workers is in
-:mod:`daskrl.jobqueue_wait` (:func:`wait_for_pools`, re-exported too).
+:mod:`daskrl.cluster.jobqueue_wait` (:func:`wait_for_pools`, re-exported too).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ from distributed import Client
 from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface, SpecCluster
 
-from .cluster import configure_dask, sync_workers
-from .forkserver import WORKER_DASK_ENV, WORKER_MALLOC
-from .jobqueue_spec import (
+from daskrl.cluster.forkserver import WORKER_DASK_ENV, WORKER_MALLOC
+from daskrl.cluster.jobqueue_spec import (
     KINDS,
     JobQueueSpec,
     add_jobqueue_flags,
@@ -43,8 +43,9 @@ from .jobqueue_spec import (
     size_pools,
     spec_from_args,
 )
-from .jobqueue_wait import squeue, wait_for_pools
-from .state import register
+from daskrl.cluster.jobqueue_wait import squeue, wait_for_pools
+from daskrl.cluster.local import configure_dask, sync_workers
+from daskrl.core.worker_state import register
 
 __all__ = ["KINDS", "JobQueueSpec", "PoolCluster", "add_jobqueue_flags", "describe",
            "job_scripts", "load_spec", "make_jobqueue_cluster", "pool_job_options",

@@ -1,7 +1,7 @@
 """What an algorithm holds per env step and in its model: the sizes the memory check uses.
 
-A graph script states them on its :class:`~daskrl.algorithm.Algorithm` (``sizes=``); the
-driver's memory check (:mod:`daskrl.memory`) turns them into a per-worker estimate.
+A graph script states them on its :class:`~daskrl.core.algorithm.Algorithm` (``sizes=``); the
+driver's memory check (:mod:`daskrl.runtime.memory`) turns them into a per-worker estimate.
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from distributed import (
     wait,
 )
 
-from .compat import serve_dashboard_on_demand
-from .forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
-from .state import register
+from daskrl.cluster.forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
+from daskrl.compat import serve_dashboard_on_demand
+from daskrl.core.worker_state import register
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
@@ -34,8 +34,8 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     ``distributed.scheduler.no-workers-timeout`` makes a task that no worker can run fail
     with ``NoValidWorkerError`` instead of waiting forever; low-level fusion stays off
     because fused delayed tasks lose their resource annotations. Nanny-started workers get
-    :data:`~daskrl.forkserver.WORKER_MALLOC` in their environment and
-    :data:`~daskrl.forkserver.WORKER_DASK_ENV` in their config.
+    :data:`~daskrl.cluster.forkserver.WORKER_MALLOC` in their environment and
+    :data:`~daskrl.cluster.forkserver.WORKER_DASK_ENV` in their config.
     """
     # a worker process takes its nanny's config, not its environment
     dask.config.update(dask.config.config, dask.config.collect_env(
@@ -202,9 +202,9 @@ def warm_imports() -> None:
     import gymnasium  # noqa: F401
     import torch  # noqa: F401
 
-    from . import roles  # noqa: F401
-    from .algos import actor_critic  # noqa: F401
-    from .distributions import base  # noqa: F401
+    from daskrl.algos import actor_critic  # noqa: F401
+    from daskrl.core import roles  # noqa: F401
+    from daskrl.distributions import base  # noqa: F401
 
 
 def default_worker_resources(workers: int) -> list[dict[str, float]]:
