@@ -102,6 +102,7 @@ def train(
     backend = DaskBackend(client) if isinstance(client, Client) else client
     out = settings.out
     check_settings(settings)
+    distribution.check(algo)  # what it cannot serve, in one line, before any task
     out.mkdir(parents=True, exist_ok=True)
     placement = place(backend, algo, distribution)
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit
