@@ -55,7 +55,7 @@ from _common import (
 )
 from distributed import Client
 
-from daskrl.algos.a2c import GradientActor
+from daskrl.algos.a2c import A2CActor
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
@@ -84,9 +84,9 @@ def costly_ppo_actor(config: Any, cost: float, seed: int) -> VecEnvActor:
                        config.gae_lambda, step_cost=cost)
 
 
-def costly_a3c_actor(config: Any, cost: float, seed: int) -> GradientActor:
+def costly_a3c_actor(config: Any, cost: float, seed: int) -> A2CActor:
     """graphs/a3c.py's actor with a CPU cost per env step."""
-    return GradientActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
+    return A2CActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
                          config.gae_lambda, cost, config.rollout_steps, config.hyper())
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from daskrl import Algorithm, Resources, setting
-from daskrl.algos.a2c import A2CHyper, A2CLearner, GradientActor
+from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
 from daskrl.algos.actor_critic import evaluate_policy
 from daskrl.core.envs import make_vector_env, space_dims
 
@@ -47,9 +47,9 @@ class Config:
                         max_grad_norm=self.max_grad_norm, norm_adv=self.norm_adv)
 
 
-def make_actor(config: Config, seed: int) -> GradientActor:
+def make_actor(config: Config, seed: int) -> A2CActor:
     """Role ``rollout``/``grad``: one actor's envs and policy copy."""
-    return GradientActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
+    return A2CActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
                          config.gae_lambda, rollout_steps=config.rollout_steps, hp=config.hyper())
 
 
@@ -88,7 +88,7 @@ def build(config: Config) -> Algorithm:
             "evaluate": Resources(cpu=1),
         },
         env_id=config.env,
-        # GradientActor is a VecEnvActor, A2CLearner an autograd learner: every distribution
+        # A2CActor is a VecEnvActor, A2CLearner an autograd learner: every distribution
         capabilities={"gradient-actor", "gradients", "resizable-actor", "split-actor"},
         distribution="async",
     )

@@ -142,7 +142,7 @@ def test_get_distribution_returns_a_new_instance_per_call():
 
 
 def test_vec_env_actor_is_a_split_actor_and_gradient_actor_a_gradient_actor():
-    from daskrl.algos.a2c import GradientActor as A3CActor
+    from daskrl.algos.a2c import A2CActor as A3CActor
     from daskrl.algos.actor_critic import VecEnvActor
 
     actor = VecEnvActor("CartPole-v1", num_envs=2, seed=0)

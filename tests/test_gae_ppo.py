@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from daskrl.algos import losses
-from daskrl.algos.a2c import A2CHyper, A2CLearner, GradientActor
+from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
 from daskrl.algos.gae import gae
 from daskrl.algos.learner import ActorCriticLearner
 from daskrl.algos.losses import normalize, policy_loss, value_loss
@@ -294,7 +294,7 @@ def test_compiled_loss_matches_the_eager_loss():
 
 def test_a2c_actor_and_learner_compute_the_same_gradients():
     learner = A2CLearner(4, 2, seed=0, hp=A2CHyper())
-    actor = GradientActor("CartPole-v1", 2, seed=0, rollout_steps=4)
+    actor = A2CActor("CartPole-v1", 2, seed=0, rollout_steps=4)
     actor.set_weights(learner.weights(), 0)
     snapshot = actor.rollout  # the actor's batch, kept to hand to the learner
     kept = []

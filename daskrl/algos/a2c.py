@@ -1,6 +1,6 @@
 """Advantage actor-critic (A2C/A3C): settings, a gradient-computing actor and its learner.
 
-A3C: each :class:`GradientActor` rolls out ``rollout_steps`` steps with its copy of the
+A3C: each :class:`A2CActor` rolls out ``rollout_steps`` steps with its copy of the
 weights and returns the gradient of :func:`a2c_gradients` on them; :class:`A2CLearner`
 applies gradients as they arrive (``schedule`` then ``apply_gradients``). Under a
 synchronous distribution the same learner does one A2C step per iteration on the actors'
@@ -77,12 +77,12 @@ def a2c_gradients(loss: Any, params: list[Tensor], mb: Minibatch
     return list(grads), dict(zip(losses.A2C_PARTS, parts.tolist(), strict=True))
 
 
-class GradientActor(VecEnvActor):
+class A2CActor(VecEnvActor):
     """A :class:`VecEnvActor` that also returns the A2C gradient of its own rollout.
 
     Examples
     --------
-    >>> actor = GradientActor("CartPole-v1", num_envs=2, seed=0, rollout_steps=4)
+    >>> actor = A2CActor("CartPole-v1", num_envs=2, seed=0, rollout_steps=4)
     >>> grads, stats = actor.gradients()
     >>> len(grads) == len(list(actor.net.parameters())), stats["rollout_steps"]
     (True, 4)
@@ -95,10 +95,10 @@ class GradientActor(VecEnvActor):
         self.rollout_steps = rollout_steps
         self.hp = hp or A2CHyper()
 
-    def resized(self, num_envs: int, seed: int) -> GradientActor:
+    def resized(self, num_envs: int, seed: int) -> A2CActor:
         """An actor with the same settings, ``num_envs`` envs and ``seed``."""
         rec = self.recorder
-        return GradientActor(self.env_id, num_envs, seed, self.hidden, rec.gamma, rec.gae_lambda,
+        return A2CActor(self.env_id, num_envs, seed, self.hidden, rec.gamma, rec.gae_lambda,
                              self.step_cost, self.rollout_steps, self.hp)
 
     def gradients(self) -> tuple[list[Tensor], dict[str, Any]]:
@@ -118,7 +118,7 @@ class A2CLearner(ActorCriticLearner):
     Examples
     --------
     >>> learner = A2CLearner(4, 2, seed=0)
-    >>> actor = GradientActor("CartPole-v1", 2, seed=0, rollout_steps=4)
+    >>> actor = A2CActor("CartPole-v1", 2, seed=0, rollout_steps=4)
     >>> actor.set_weights(learner.weights(), 0)
     >>> learner.schedule(0.0)
     {'charts/learning_rate': 0.001}

@@ -11,7 +11,6 @@ steps runners on CPU workers and feeds a recorder on the learner's worker. The l
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch
 from daskrl.algos.gae import gae
 from daskrl.algos.learner import ActorCriticLearner
 from daskrl.algos.networks import DiscreteActorCritic
-from daskrl.core.envs import make_vector_env, space_dims
+from daskrl.core.envs import EnvStep, make_vector_env, space_dims
 
 __all__ = ["ActorCriticLearner", "EnvRunner", "EnvStep", "RolloutRecorder", "VecEnvActor",
            "burn_cpu", "evaluate_policy"]
@@ -38,23 +37,6 @@ def burn_cpu(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
-
-
-@dataclass
-class EnvStep:
-    """What one step of a vector env returns, with the episodes it finished.
-
-    ``obs`` is the observation after the step (the final observation when an episode ended
-    there; gymnasium resets it on the next step, which is then not ``valid``).
-    """
-
-    obs: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    done: np.ndarray
-    valid: np.ndarray
-    episode_returns: list[float] = field(default_factory=list)
-    episode_lengths: list[int] = field(default_factory=list)
 
 
 class EnvRunner:

@@ -168,7 +168,7 @@ class ActorCriticLearner:
         ValueError
             With ``target_kl`` set: replicas could stop after different epochs.
         """
-        if getattr(self.hp, "target_kl", None) is not None:
+        if self.hp.target_kl is not None:
             raise ValueError("data-parallel training needs target_kl=None: replicas would stop "
                              "after different epochs; unset target_kl")
         epochs, num_mb = self.epochs_and_minibatches()
@@ -225,7 +225,7 @@ class ActorCriticLearner:
         stop early when ``target_kl`` is set and exceeded)."""
         plan = self.minibatches(batches, progress)
         per_epoch = max(1, len(plan) // max(1, self.epochs_and_minibatches()[0]))
-        target_kl = getattr(self.hp, "target_kl", None)
+        target_kl = self.hp.target_kl
         done: list[dict[str, float]] = []
         for i, mb in enumerate(plan):
             grads, metrics = self.compute_gradients(mb)

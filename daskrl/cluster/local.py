@@ -114,7 +114,9 @@ def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, f
     # the spec of a worker scale() would add: its class and LocalCluster's options
     (template,) = cluster.new_worker_spec().values()
     cls, base = template["cls"], dict(template["options"])
-    first = len(cluster.worker_spec)
+    taken = [int(n[1:]) for n in cluster.worker_spec
+             if str(n)[:1] == "w" and str(n)[1:].isdigit()]
+    first = max(taken, default=-1) + 1  # after the last one: a lost worker's name stays free
     for i, res in enumerate(worker_resources, first):
         cluster.worker_spec[f"w{i}"] = {"cls": cls,
                                         "options": {**base, "resources": dict(res)}}

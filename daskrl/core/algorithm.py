@@ -218,7 +218,7 @@ class EnvPart(Protocol):
 
     def step(self, actions: Any) -> Any:
         """Step every env once with ``actions``; return a
-        :class:`~daskrl.algos.actor_critic.EnvStep` (observation after the step, reward,
+        :class:`~daskrl.core.envs.EnvStep` (observation after the step, reward,
         terminated, done, valid, and the episodes it finished)."""
 
 

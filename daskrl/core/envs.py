@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import gymnasium as gym
 import numpy as np
 
@@ -59,3 +61,20 @@ def space_dims(env: gym.vector.VectorEnv) -> tuple[int, int]:
     if not isinstance(act_space, gym.spaces.Discrete):
         raise ValueError(f"action space {act_space} is not Discrete: PPO here needs discrete")
     return int(np.prod(obs_space.shape)), int(act_space.n)
+
+
+@dataclass
+class EnvStep:
+    """What one step of a vector env returns, with the episodes it finished.
+
+    ``obs`` is the observation after the step (the final observation when an episode ended
+    there; gymnasium resets it on the next step, which is then not ``valid``).
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    done: np.ndarray
+    valid: np.ndarray
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)

@@ -8,6 +8,7 @@ update behind), ``central-inference:env_groups=2``, ``data-parallel:allreduce=to
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from daskrl.distributions.actors_learner import ActorsLearner
@@ -53,15 +54,13 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
     if cls is None:
         raise ValueError(
             f"unknown distribution {name!r}: choose one of {', '.join(NAMES)}")
-    try:
-        return cls(**parsed)
-    except TypeError:
-        import inspect
-
-        known = [p for p in inspect.signature(cls).parameters]
+    known = list(inspect.signature(cls).parameters)
+    unknown = sorted(set(parsed) - set(known))
+    if unknown:
         raise ValueError(
-            f"distribution {name!r} has no option {', '.join(sorted(parsed))}: its options "
-            f"are {', '.join(known) or 'none'}") from None
+            f"distribution {name!r} has no option {', '.join(unknown)}: its options "
+            f"are {', '.join(known) or 'none'}")
+    return cls(**parsed)
 
 
 __all__ = ["DISTRIBUTIONS", "KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",

@@ -18,6 +18,7 @@ actor placed on the learner's worker can still run.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from typing import Any, cast
@@ -61,8 +62,9 @@ class _Applier:
         self.metrics: dict[str, Any] = {}
 
     def actor_ctx(self, a: int) -> TaskContext:
-        c = self.ctx
-        return TaskContext(c.run, c.seed, a, c.iteration, c.num_iterations)
+        # the learner's context as actor ``a``'s: same run, seed and settings; its own
+        # replica, and a CPU actor (the learner's GPU grant is not the actor's)
+        return dataclasses.replace(self.ctx, replica=a, gpu=0.0)
 
     def apply(self, a: int, used: int, grads: list[torch.Tensor], stats: dict[str, Any]
               ) -> bool:
@@ -176,12 +178,13 @@ class AsyncGradients(Distribution):
 
     name = "async"
     requires = frozenset({"gradient-actor"})
+    deterministic = False  # gradients are applied in the order they arrive
     dynamic = True
 
     def required(self, algo: Algorithm) -> dict[str, str]:
         """``gradient-actor``: actors send gradients, the learner applies them."""
         return {"gradient-actor": "pick a synchronous distribution (actors-learner, single), "
-                                  "or write the actor like graphs/a3c.py's GradientActor"}
+                                  "or write the actor like graphs/a3c.py's A2CActor"}
 
     def check(self, algo: Algorithm) -> None:
         """Also refuse fewer than 2 actors (nothing would be asynchronous)."""

@@ -82,6 +82,9 @@ class Distribution(ABC):
     requires: ClassVar[frozenset[str]] = frozenset()
     """Capabilities (:data:`daskrl.core.algorithm.CAPABILITIES`) every algorithm it runs must
     declare."""
+    deterministic: ClassVar[bool] = True
+    """Whether ``--deterministic`` runs can be bit-identical under it (False when results
+    depend on the order tasks finish)."""
     dynamic: ClassVar[bool] = False
     """True when :meth:`iteration` submits tasks as it runs, so that :meth:`sketch` draws a
     static stand-in instead."""

@@ -20,7 +20,6 @@ from typing import Any, cast
 import numpy as np
 from dask.delayed import Delayed
 
-from daskrl.algos.actor_critic import EnvStep
 from daskrl.core import roles
 from daskrl.core.algorithm import (
     Algorithm,
@@ -30,6 +29,7 @@ from daskrl.core.algorithm import (
     LearnerOutput,
     SplitActor,
 )
+from daskrl.core.envs import EnvStep
 from daskrl.core.fragment import Fragment
 from daskrl.core.placement import task, task_key
 from daskrl.core.roles import TaskContext

@@ -114,7 +114,7 @@ def unflatten_into(flat: torch.Tensor, grads: list[torch.Tensor]) -> None:
 
 
 def digest(weights: dict[str, torch.Tensor]) -> str:
-    """A short :func:`~daskrl.runtime.checkpoint.weights_sha256` (equal iff bit-identical).
+    """A short :func:`~daskrl.core.weights.weights_sha256` (equal iff bit-identical).
 
     Examples
     --------

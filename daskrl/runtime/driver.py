@@ -31,6 +31,28 @@ from daskrl.runtime.run_loop import Attempt, RunLoop, RunSettings, place
 __all__ = ["RunSettings", "check_settings", "initial_output", "place", "train"]
 
 
+def check_distribution(distribution: Distribution, algo: Algorithm, deterministic: bool = False
+                       ) -> None:
+    """Refuse, in one line, an algorithm or a mode the distribution cannot serve.
+
+    Examples
+    --------
+    >>> from daskrl.distributions import get_distribution
+    >>> algo = Algorithm("a", print, print, print, num_steps=8, capabilities={"gradient-actor"},
+    ...                  num_actors=2)
+    >>> check_distribution(get_distribution("async"), algo)  # it serves A3C's actors
+    >>> check_distribution(get_distribution("async"), algo, deterministic=True)
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --deterministic: the 'async' distribution's results depend on the order ...
+    """
+    distribution.check(algo)
+    if deterministic and not distribution.deterministic:
+        raise ValueError(f"--deterministic: the {distribution.name!r} distribution's results "
+                         "depend on the order its tasks finish; choose a synchronous distribution")
+
+
 def check_settings(settings: RunSettings) -> None:
     """Refuse settings that would fail later or lose an earlier run's checkpoints.
 
@@ -102,7 +124,7 @@ def train(
     backend = DaskBackend(client) if isinstance(client, Client) else client
     out = settings.out
     check_settings(settings)
-    distribution.check(algo)  # what it cannot serve, in one line, before any task
+    check_distribution(distribution, algo, settings.deterministic)  # before any task
     out.mkdir(parents=True, exist_ok=True)
     placement = place(backend, algo, distribution)
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit

@@ -144,8 +144,8 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str
                  placement: Placement) -> dict[str, WorkerNeed]:
     """Refuse the run when a worker's estimate exceeds its memory limit; return the estimate.
 
-    ``backend.memory_limits()`` gives each worker's limit in bytes (``None``: no limit);
-    a backend without that method is not checked.
+    ``backend.memory_limits()`` gives each worker's limit in bytes (``None`` or 0: no
+    limit, as for the in-process backend).
 
     Raises
     ------
