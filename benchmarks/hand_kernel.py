@@ -6,8 +6,8 @@ general: numpy inference with the actor and critic stacked into one matmul per l
 gradients derived by hand in numpy (the maths of :func:`daskrl.algos.losses.ppo_loss` and
 its backward pass), and Adam over one flat array. ``ppo_cartpole.py --systems hand`` runs it
 in the same plain loop as the ``lean`` system, so the gap between the two is what the general
-path costs. ``test_hand_kernel_matches_autograd`` (below, run by pytest on this file) checks
-its gradients against autograd.
+path costs. ``test_hand_kernel_matches_autograd`` (below; ``tests/test_hand_kernel.py``
+runs it) checks its gradients against autograd.
 """
 
 from __future__ import annotations
