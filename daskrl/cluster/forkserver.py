@@ -41,9 +41,12 @@ already show where iteration time goes.
 
 WORKER_PRELOAD = ("distributed", "distributed.nanny", "distributed.worker", "torch",
                   "gymnasium", "daskrl.algos.actor_critic", "daskrl.distributions",
-                  "daskrl.core.roles")
+                  "daskrl.core.roles", "torch._dynamo")
 """Modules the worker fork server imports once, before it forks any worker
-(:mod:`daskrl.cluster.worker_preload`)."""
+(:mod:`daskrl.cluster.worker_preload`). ``torch._dynamo`` is among them because building any
+``torch.optim`` optimiser imports it (``add_param_group`` is wrapped to keep the compiler out):
+imported here, with the collector paused and shared by every forked worker, it is not the
+learner's first update's cost in each worker."""
 
 
 @contextmanager
