@@ -75,10 +75,11 @@ class _Scalars:
     """A row's numeric columns as TensorBoard scalars (tags ``charts/<column>`` unless the
     column has a ``/``), stepped by ``env_steps``, written by a thread of their own.
 
-    The thread imports TensorBoard (~0.25 s of the interpreter) when the first row comes,
-    that is once the first iteration has run, not while the run starts: the embedded
-    scheduler shares this process and its start-up is on the way to the first iteration.
-    Each row is one event (~0.13 ms; ``add_scalar`` per value would be ~2 ms).
+    The thread imports TensorBoard when the first row comes, that is once the first
+    iteration has run, not while the run starts: the import holds the interpreter, and the
+    embedded scheduler shares this process while its start-up is on the way to the first
+    iteration. Each row is one event holding every value, not one event per value, because
+    the cost of writing is per event.
     """
 
     def __init__(self, folder: Path) -> None:
