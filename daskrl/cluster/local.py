@@ -253,8 +253,14 @@ def tls_security(ca_file: str, cert: str, key: str | None = None) -> Security:
                     require_encryption=True)
 
 
-def connect(address: str, timeout: float = 10.0, security: Security | None = None) -> Client:
-    """A client of the scheduler at ``address``; raises ``ConnectionError`` naming it."""
+def connect(address: str, timeout: float = 10.0, security: Security | None = None,
+            workers_within: float = 10.0) -> Client:
+    """A client of the scheduler at ``address``; raises ``ConnectionError`` naming it.
+
+    A scheduler with no worker yet (a cluster still starting) is given ``workers_within``
+    seconds for its first one to register; the placement then refuses in one line if none
+    did.
+    """
     configure_dask()
     if address.startswith("tls://") and security is None:
         raise ConnectionError(f"the scheduler at {address!r} requires TLS: pass --tls with "
@@ -267,6 +273,9 @@ def connect(address: str, timeout: float = 10.0, security: Security | None = Non
             "start one with `dask scheduler`, or drop --scheduler to use the embedded cluster"
         ) from None
     register(client)
+    if not client.scheduler_info(n_workers=-1)["workers"]:
+        with contextlib.suppress(TimeoutError):
+            client.wait_for_workers(1, timeout=workers_within)
     return client
 
 
