@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,8 +45,15 @@ SERVES = {"actors-learner": True, "single": True, "data-parallel": True,
 """Whether each distribution serves MAPPO (its actor is neither split nor a gradient actor)."""
 
 
+def _learner(seed: int, device: str) -> Any:
+    from daskrl.algos.learner import ActorCriticLearner
+
+    return ActorCriticLearner(4, 2, seed, device=device)
+
+
 def _algo(caps: frozenset[str] | set[str] = frozenset(), num_actors: int = 2) -> Algorithm:
-    return Algorithm("probe", print, print, print, num_steps=4, num_envs=2,
+    # a real learner: data-parallel's check asks it for its update plan
+    return Algorithm("probe", print, _learner, print, num_steps=4, num_envs=2,
                      num_actors=num_actors, capabilities=caps)
 
 
@@ -239,3 +247,21 @@ def test_a3c_runs_async_without_a_distribution_flag(tmp_path):
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
     assert int(rows[1].split(",")[header.index("grads_applied")]) == 2 * 16 // 4
+
+
+def test_data_parallel_refuses_a_plan_its_replicas_could_leave_apart():
+    """PPO with ``target_kl`` may stop its epochs early on one replica and not on another:
+    data-parallel refuses it in ``check``, before anything is placed."""
+    from daskrl.algos.actor_critic import VecEnvActor
+    from daskrl.algos.learner import ActorCriticLearner
+    from daskrl.algos.ppo import PPOHyper
+
+    def make_learner(seed: int, device: str) -> ActorCriticLearner:
+        return ActorCriticLearner(4, 2, seed, hp=PPOHyper(target_kl=0.01), device=device)
+
+    algo = Algorithm("ppo-kl", lambda seed: VecEnvActor("CartPole-v1", 2, seed), make_learner,
+                     print, num_steps=8, num_envs=2, capabilities={"gradients"})
+    with pytest.raises(Unsupported, match="data-parallel.*target_kl") as info:
+        get_distribution("data-parallel").check(algo)
+    assert "\n" not in str(info.value)
+    get_distribution("actors-learner").check(algo)  # early stopping is fine on one learner

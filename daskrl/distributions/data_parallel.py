@@ -43,7 +43,13 @@ from daskrl.core.roles import (
     snapshots,
 )
 from daskrl.core.worker_state import worker_name
-from daskrl.distributions.base import Distribution, IterationInputs, pinned, step_key
+from daskrl.distributions.base import (
+    Distribution,
+    IterationInputs,
+    Unsupported,
+    pinned,
+    step_key,
+)
 from daskrl.distributions.replica import (
     ReplicaUpdate,
     finish_replica,
@@ -154,6 +160,16 @@ class DataParallel(Distribution):
     def required(self, algo: Algorithm) -> dict[str, str]:
         """``gradients``: replicas average them before every optimiser step."""
         return {"gradients": "pick actors-learner or single, which need no gradient exchange"}
+
+    def check(self, algo: Algorithm) -> None:
+        """The capability check, then the learner's own plan: one whose replicas could step
+        different numbers of times (PPO with ``target_kl``) is refused here, in one line."""
+        super().check(algo)
+        try:
+            self.gradient_steps(algo)
+        except ValueError as exc:
+            raise Unsupported(f"the 'data-parallel' distribution cannot serve "
+                              f"{algo.name!r}: {exc}") from None
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """K replicas with the learner's resources (each replica is a learner)."""
