@@ -23,13 +23,11 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """daskrl modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks excluded)."""
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    """daskrl modules ``path`` imports (``if TYPE_CHECKING:`` blocks and functions included:
+    a cycle there is still a cycle for a reader)."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only or not isinstance(node, ast.ImportFrom) or not node.module:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
             continue
         assert node.level == 0, f"{path}: relative import; daskrl imports by absolute name"
         for name in (node.module, *(f"{node.module}.{a.name}" for a in node.names)):

@@ -8,18 +8,32 @@ import logging
 import subprocess
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dask.utils import parse_timedelta
 from distributed import Client
 
-if TYPE_CHECKING:
-    from daskrl.cluster.jobqueue import PoolCluster
+from daskrl.cluster.jobqueue_spec import JobQueueSpec
 
 logger = logging.getLogger("daskrl.cluster.jobqueue")
 
 
-def wait_for_pools(client: Client, cluster: PoolCluster, timeout: str | float | None = None
+class Pools(Protocol):
+    """What waiting needs of a batch cluster (:class:`daskrl.cluster.jobqueue.PoolCluster`)."""
+
+    spec: JobQueueSpec
+
+    def expected_workers(self) -> set[str]:
+        """Names of the workers its jobs will start."""
+
+    def ended_jobs(self, jobs: set[str]) -> list[str]:
+        """Those of ``jobs`` (job names) whose process or batch job has ended."""
+
+    def job_ids(self) -> dict[str, str]:
+        """Job name -> the batch system's job id, for the jobs submitted so far."""
+
+
+def wait_for_pools(client: Client, cluster: Pools, timeout: str | float | None = None
                    ) -> None:
     """Block until every job's worker has registered with the scheduler.
 
