@@ -20,13 +20,11 @@ import time
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from daskrl.config_flags import check_flags, flags_of, graph_help, parse_config
 from daskrl.core.resources import parse_role_resources
 from daskrl.core.script import UserError, load_graph
-
-T = TypeVar("T")
 
 GRAPH_COMMANDS = ("train", "graph")
 """The commands that take a graph script, and with it the flags of its ``Config``."""
