@@ -13,6 +13,7 @@ import torch
 from daskrl.core.fragment import check_role
 from daskrl.core.resources import Resources
 from daskrl.core.sizes import Sizes
+from daskrl.core.tensor_pickle import pack_tensors, unpack_tensors
 
 Batch = dict[str, Any]
 """A rollout's transitions (flat numpy arrays) plus ``stats`` (a dict of numbers/lists)."""
@@ -69,61 +70,12 @@ class LearnerOutput:
     checkpointed: a resumed run collects them again."""
 
     def __getstate__(self) -> dict[str, Any]:
-        # CPU tensors travel as numpy arrays: pickle hands their memory to Dask's comms as
-        # it is, where a tensor pickles through ``torch.save`` per storage. The result of
-        # every iteration is fetched from the worker's event loop while the next iteration
-        # computes, so the cheaper this is, the less it takes from the next iteration.
+        # CPU tensors travel as numpy arrays (why: daskrl.core.tensor_pickle)
         memo: dict[int, Any] = {}  # ``state["model"]`` is usually ``weights``: pack it once
-        return {k: _pack(v, memo) for k, v in self.__dict__.items()}
+        return {k: pack_tensors(v, memo) for k, v in self.__dict__.items()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({k: _unpack(v) for k, v in state.items()})
-
-
-class _PackedTensor:
-    """A CPU tensor carried as a numpy array by :class:`LearnerOutput`'s pickling."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-
-    def __getstate__(self) -> Any:
-        return self.array
-
-    def __setstate__(self, array: Any) -> None:
-        self.array = array
-
-
-def _pack(value: Any, memo: dict[int, Any]) -> Any:
-    if isinstance(value, torch.Tensor):
-        if (value.device.type == "cpu" and value.layout == torch.strided
-                and not value.requires_grad and value.dtype in _NUMPY_DTYPES):
-            return _PackedTensor(value.numpy())
-        return value
-    if type(value) in (dict, list, tuple):  # subclasses pickle as they are
-        if id(value) not in memo:
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            packed = {k: _pack(v, memo) for k, v in items}
-            memo[id(value)] = packed if isinstance(value, dict) else type(value)(
-                packed.values())
-        return memo[id(value)]
-    return value
-
-
-def _unpack(value: Any) -> Any:
-    if isinstance(value, _PackedTensor):
-        array = value.array
-        return torch.from_numpy(array if array.flags.writeable else array.copy())
-    if type(value) is dict:
-        return {k: _unpack(v) for k, v in value.items()}
-    if type(value) in (list, tuple):
-        return type(value)(_unpack(v) for v in value)
-    return value
-
-
-_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
-                 torch.int16, torch.int8, torch.uint8, torch.bool)
+        self.__dict__.update({k: unpack_tensors(v) for k, v in state.items()})
 
 
 class ResizableActor(Actor, Protocol):
