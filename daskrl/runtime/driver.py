@@ -23,10 +23,11 @@ from daskrl.distributions import Distribution, IterationInputs
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.profile import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
-from daskrl.runtime.checkpoint import list_checkpoints, load_latest
+from daskrl.runtime.checkpoint import load_latest
 from daskrl.runtime.memory import check_memory
 from daskrl.runtime.recorder import Recorder
-from daskrl.runtime.run_loop import Attempt, RunLoop, RunSettings, place
+from daskrl.runtime.run_loop import Attempt, RunLoop, place
+from daskrl.runtime.settings import RunSettings, check_settings
 
 __all__ = ["RunSettings", "check_settings", "initial_output", "place", "train"]
 
@@ -51,32 +52,6 @@ def check_distribution(distribution: Distribution, algo: Algorithm, deterministi
     if deterministic and not distribution.deterministic:
         raise ValueError(f"--deterministic: the {distribution.name!r} distribution's results "
                          "depend on the order its tasks finish; choose a synchronous distribution")
-
-
-def check_settings(settings: RunSettings) -> None:
-    """Refuse settings that would fail later or lose an earlier run's checkpoints.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> check_settings(RunSettings(Path(tempfile.mkdtemp()), steps=0))
-    Traceback (most recent call last):
-    ...
-    ValueError: --steps must be >= 1, got 0
-    """
-    if settings.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every must be >= 1, got {settings.checkpoint_every}")
-    if settings.steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {settings.steps}")
-    if settings.env_retries < 0:
-        raise ValueError(f"--env-retries must be >= 0, got {settings.env_retries}")
-    has_ckpt = bool(list_checkpoints(settings.out / "checkpoints"))
-    if settings.resume and not has_ckpt:
-        raise ValueError(f"--resume: no checkpoints under {settings.out}; pass the --out of an "
-                         "earlier run")
-    if not settings.resume and has_ckpt:
-        raise ValueError(f"{settings.out} already holds checkpoints of an earlier run: pass "
-                         "--resume to continue it, or choose another --out")
 
 
 def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutput, int, dict]:

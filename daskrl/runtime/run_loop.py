@@ -26,7 +26,7 @@ import time
 import uuid
 from collections import deque
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from daskrl.distributions import Distribution, IterationInputs
 from daskrl.runtime.backend import Backend, Handle
 from daskrl.runtime.checkpoint import save_checkpoint
 from daskrl.runtime.recorder import Recorder
+from daskrl.runtime.settings import RunSettings
 
 
 class WorkersLost(RuntimeError):
@@ -52,49 +53,6 @@ class WorkersLost(RuntimeError):
 _LOST = (CancelledError, FutureCancelledError, KilledWorker, NoValidWorkerError, NoWorkerError,
          PeerLost, WorkersLost)
 """What a lost worker looks like to the driver: the iteration is submitted again."""
-
-
-@dataclass
-class RunSettings:
-    """How long and where to train, and what to keep."""
-
-    out: Path
-    """The run's folder: ``metrics.csv``, ``summary.json``, ``checkpoints/``."""
-    steps: int = 500_000
-    """Env steps to train for, rounded up to whole iterations."""
-    seed: int = 1
-    """Seeds the learner, every replica's envs and the evaluation."""
-    resume: bool = False
-    """Continue from the latest checkpoint under ``out``."""
-    checkpoint_every: int = 10
-    """Iterations between checkpoints (one is also kept at the end and on Ctrl-C)."""
-    keep_checkpoints: int = 3
-    """Checkpoints kept, newest first."""
-    lookahead: int = 4
-    """Graphs in flight at once, each chained on the one before."""
-    chain: int = 64
-    """Tasks chained on futures before the chain restarts from the driver's copy of the
-    last result (bounds the lineage Dask keeps; each restart drains the pipeline)."""
-    task_s: float = 0.5
-    """Seconds of work per task the driver aims for when the distribution can run several
-    iterations in one task (``iterations_per_task``): short iterations are grouped so that
-    Dask's per-task cost is paid once per group. 0 keeps one iteration per task."""
-    max_recoveries: int = 3
-    """Lost workers survived before the run stops."""
-    replan_timeout: float = 30.0
-    """Seconds to wait for workers that can host the fragments again after a loss."""
-    tensorboard: bool = True
-    """Also write TensorBoard events."""
-    eval: bool = True
-    """Evaluate the final policy (its metrics go to the summary)."""
-    deterministic: bool = False
-    """Bit-identical runs whatever the workers (see ``IterationInputs.deterministic``)."""
-    env_retries: int = 2
-    """Times a rollout whose env raised is retried on rebuilt envs."""
-    progress: bool = True
-    """Show a progress bar."""
-    meta: dict[str, Any] = field(default_factory=dict)
-    """Copied into the summary and every checkpoint (the graph, its config)."""
 
 
 def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Placement:

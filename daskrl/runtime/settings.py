@@ -1,0 +1,78 @@
+"""A run's settings (how long and where to train, what to keep) and their check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daskrl.runtime.checkpoint import list_checkpoints
+
+
+@dataclass
+class RunSettings:
+    """How long and where to train, and what to keep."""
+
+    out: Path
+    """The run's folder: ``metrics.csv``, ``summary.json``, ``checkpoints/``."""
+    steps: int = 500_000
+    """Env steps to train for, rounded up to whole iterations."""
+    seed: int = 1
+    """Seeds the learner, every replica's envs and the evaluation."""
+    resume: bool = False
+    """Continue from the latest checkpoint under ``out``."""
+    checkpoint_every: int = 10
+    """Iterations between checkpoints (one is also kept at the end and on Ctrl-C)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept, newest first."""
+    lookahead: int = 4
+    """Graphs in flight at once, each chained on the one before."""
+    chain: int = 64
+    """Tasks chained on futures before the chain restarts from the driver's copy of the
+    last result (bounds the lineage Dask keeps; each restart drains the pipeline)."""
+    task_s: float = 0.5
+    """Seconds of work per task the driver aims for when the distribution can run several
+    iterations in one task (``iterations_per_task``): short iterations are grouped so that
+    Dask's per-task cost is paid once per group. 0 keeps one iteration per task."""
+    max_recoveries: int = 3
+    """Lost workers survived before the run stops."""
+    replan_timeout: float = 30.0
+    """Seconds to wait for workers that can host the fragments again after a loss."""
+    tensorboard: bool = True
+    """Also write TensorBoard events."""
+    eval: bool = True
+    """Evaluate the final policy (its metrics go to the summary)."""
+    deterministic: bool = False
+    """Bit-identical runs whatever the workers (see ``IterationInputs.deterministic``)."""
+    env_retries: int = 2
+    """Times a rollout whose env raised is retried on rebuilt envs."""
+    progress: bool = True
+    """Show a progress bar."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Copied into the summary and every checkpoint (the graph, its config)."""
+
+
+def check_settings(settings: RunSettings) -> None:
+    """Refuse settings that would fail later or lose an earlier run's checkpoints.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> check_settings(RunSettings(Path(tempfile.mkdtemp()), steps=0))
+    Traceback (most recent call last):
+    ...
+    ValueError: --steps must be >= 1, got 0
+    """
+    if settings.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1, got {settings.checkpoint_every}")
+    if settings.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {settings.steps}")
+    if settings.env_retries < 0:
+        raise ValueError(f"--env-retries must be >= 0, got {settings.env_retries}")
+    has_ckpt = bool(list_checkpoints(settings.out / "checkpoints"))
+    if settings.resume and not has_ckpt:
+        raise ValueError(f"--resume: no checkpoints under {settings.out}; pass the --out of an "
+                         "earlier run")
+    if not settings.resume and has_ckpt:
+        raise ValueError(f"{settings.out} already holds checkpoints of an earlier run: pass "
+                         "--resume to continue it, or choose another --out")
