@@ -111,7 +111,7 @@ def child_lean(steps: int, seed: int, hp: Hyper, evaluate: bool, graph: Path,
     :mod:`hand_kernel`'s instead (the gap to it is what autograd and torch.optim cost).
     """
     import daskrl
-    from daskrl.cli import load_graph
+    from daskrl.core.script import load_graph
 
     module = load_graph(str(graph))
     names = {f for f in module.Config.__dataclass_fields__}

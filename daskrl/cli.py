@@ -20,200 +20,17 @@ import time
 import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from daskrl.config_flags import check_flags, flags_of, graph_help, parse_config
 from daskrl.core.resources import parse_role_resources
-from daskrl.core.script import UserError, load_graph
-
-GRAPH_COMMANDS = ("train", "graph")
-"""The commands that take a graph script, and with it the flags of its ``Config``."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one :class:`UserError` line (argparse prints usage too)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} (see `{self.prog} --help`)")
-
-
-# --------------------------------------------------------------------------- run flags
-
-
-def _parser(graph_flags_help: str | None = None
-            ) -> tuple[argparse.ArgumentParser, dict[str, list[str]]]:
-    """The run flags' parser, and each graph command's run flags (a graph's Config adds its
-    own, parsed by :func:`parse_config`; ``graph_flags_help`` ends their ``--help``)."""
-    from daskrl.cluster.jobqueue_spec import add_jobqueue_flags
-    from daskrl.distributions import DISTRIBUTIONS
-
-    epilog = (graph_flags_help if graph_flags_help else
-              "graph settings: `daskrl train GRAPH --help` lists the flags of GRAPH's Config")
-    names = ", ".join(sorted(DISTRIBUTIONS))
-    subparser = {"allow_abbrev": False, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    parser = _Parser(prog="daskrl", allow_abbrev=False,
-                     description="Reinforcement learning as resource-annotated Dask graphs.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a graph script on a Dask cluster",
-                           description="Train GRAPH (e.g. graphs/ppo.py) on a Dask cluster; "
-                                       "GRAPH may stand anywhere on the line.",
-                           epilog=epilog, **subparser)
-    flags: dict[str, list[str]] = {"train": [], "graph": []}
-
-    def add(parser: Any, command: str, *names: str, **kwargs: Any) -> None:
-        flags[command] += parser.add_argument(*names, **kwargs).option_strings
-
-    add(train, "train", "graph", help="graph script, e.g. graphs/ppo.py")
-    add(train, "train", "--distribution", default=None,
-        help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch "
-             f"(default: the graph's own, actors-learner for most); names: {names}")
-    add(train, "train", "--steps", type=int, default=500_000, help="env steps to train for")
-    add(train, "train", "--seed", type=int, default=1, help="run seed")
-    add(train, "train", "--workers", type=int, default=None,
-        help="worker processes of the embedded cluster (default: as many as the "
-             "distribution wants for the graph, at most one per CPU core)")
-    add(train, "train", "--scheduler", default=None,
-        help="address of an existing Dask scheduler, or 'sync' to run every task in this "
-             "process (default: an embedded cluster)")
-    add(train, "train", "--tls", action="store_true",
-        help="encrypt comms: temporary credentials for the embedded cluster, or "
-             "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")
-    add(train, "train", "--tls-ca-file", default=None, help="CA certificate (PEM)")
-    add(train, "train", "--tls-cert", default=None, help="client certificate (PEM)")
-    add(train, "train", "--tls-key", default=None, help="client private key (PEM)")
-    add(train, "train", "--resources", action="append", default=[],
-        metavar="ROLE=KEY:N[,KEY:N]",
-        help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
-    add(train, "train", "--out", type=Path, default=None,
-        help="output folder (default: runs/<graph>-<time>)")
-    add(train, "train", "--resume", action="store_true",
-        help="continue from --out's checkpoint")
-    add(train, "train", "--report", type=Path, default=None, metavar="FILE.html",
-        help="save Dask's performance report of the run (task stream, worker profiles, "
-             "bandwidth)")
-    add(train, "train", "--checkpoint-every", type=int, default=10,
-        help="iterations per checkpoint (written at the end of the task that reaches the "
-             "count, when short iterations share tasks)")
-    add(train, "train", "--no-eval", dest="eval", action="store_false",
-        help="skip the final deterministic evaluation")
-    add(train, "train", "--no-progress", dest="progress", action="store_false",
-        help="no progress bar")
-    add(train, "train", "--deterministic", action="store_true",
-        help="bit-identical runs for a --seed whatever the workers (no fusion, one torch "
-             "thread per task, actor state in checkpoints); not async")
-    add(train, "train", "--env-retries", type=int, default=2,
-        help="times a rollout whose env raised is retried on rebuilt envs")
-    flags["train"] += [s for a in add_jobqueue_flags(train) for s in a.option_strings]
-    graph = sub.add_parser("graph", help="draw one iteration's task graph (.svg/.png/.pdf)",
-                           description="Draw one iteration of GRAPH under a distribution: "
-                                       "tasks labelled by role, coloured by resource.",
-                           epilog=epilog.replace("daskrl train", "daskrl graph"), **subparser)
-    add(graph, "graph", "graph", help="graph script, e.g. graphs/ppo.py")
-    add(graph, "graph", "--distribution", default=None,
-        help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch; "
-             f"names: {names}")
-    add(graph, "graph", "--out", type=Path, required=True,
-        help="picture file: .svg, .png or .pdf")
-    plot = sub.add_parser("plot", help="learning-curve PNGs of a run folder",
-                          description="Write returns.png, speed.png and losses.png for a run.",
-                          allow_abbrev=False)
-    plot.add_argument("run_dir", type=Path, help="the --out folder of a training run")
-    plot.add_argument("--out", type=Path, default=None, help="where to write (default: run_dir)")
-    prof = sub.add_parser("profile", help="where an iteration's time goes, and the bottleneck",
-                          description="Break a run's iteration time into env stepping, "
-                                      "inference, learning and scheduler/transfer/idle.",
-                          allow_abbrev=False)
-    prof.add_argument("run_dir", type=Path, help="the --out folder of a training run")
-    rep = sub.add_parser("replay", help="re-run a failed task in this process",
-                         description="Run the fragment call saved in OUT/failures/<task>.pkl "
-                                     "again in this process (breakpoint() works), after "
-                                     "printing its original traceback. The file holds pickled "
-                                     "code: replay only files from runs you trust.",
-                         allow_abbrev=False)
-    rep.add_argument("file", type=Path, help="a file from a run's failures/ folder")
-    rep.add_argument("--pdb", action="store_true", help="open pdb where the replay raises")
-    return parser, flags
-
-
-def _graph_index(argv: Sequence[str]) -> int | None:
-    """Where the graph script stands in a ``train``/``graph`` command line: the first word
-    after the command that is not a flag and names a ``.py`` file."""
-    if not argv or argv[0] not in GRAPH_COMMANDS:
-        return None
-    return next((i for i, word in enumerate(argv) if i > 0 and not word.startswith("-")
-                 and word.endswith(".py")), None)
-
-
-def _graph_path(argv: Sequence[str]) -> str | None:
-    """The graph script of a ``train``/``graph`` command line, wherever it stands.
-
-    Examples
-    --------
-    >>> _graph_path(["train", "--steps", "1000", "graphs/ppo.py", "--num-envs", "4"])
-    'graphs/ppo.py'
-    >>> _graph_path(["plot", "runs/x"]) is None
-    True
-    """
-    index = _graph_index(argv)
-    return None if index is None else argv[index]
-
-
-def parse_command_line(argv: Sequence[str]
-                       ) -> tuple[argparse.Namespace, types.ModuleType | None, Any]:
-    """``(args, graph module, graph config)`` of a ``daskrl`` command line.
-
-    Run flags are argparse's; the words it does not know are the graph's ``Config`` flags
-    (:func:`parse_config`). Module and config are None for commands without a graph.
-
-    Raises
-    ------
-    UserError
-        One line naming the bad flag or value.
-
-    Examples
-    --------
-    >>> args, module, config = parse_command_line(
-    ...     ["train", "--steps", "1000", "graphs/ppo.py", "--num-envs", "4", "--no-anneal-lr"])
-    >>> args.steps, args.graph, config.num_envs, config.anneal_lr
-    (1000, 'graphs/ppo.py', 4, False)
-    """
-    from daskrl.cluster.forkserver import imports_without_gc
-
-    argv = list(argv)
-    index = _graph_index(argv)
-    if index is None:
-        args, extras = _parser()[0].parse_known_args(argv)
-        if args.command not in GRAPH_COMMANDS:
-            if extras:
-                raise UserError(f"unrecognized arguments: {' '.join(extras)} "
-                                f"(see `daskrl {args.command} --help`)")
-            return args, None, None
-        index = argv.index(args.graph)  # not a .py name: load_graph says what is wrong
-    command, path = argv[0], argv[index]
-    with imports_without_gc():  # torch and the graph: the start-up's bulk
-        module = load_graph(path)
-    prog = f"daskrl {command} {path}"
-    words = [*argv[1:index], *argv[index + 1:]]
-    wants_help = any(w in ("-h", "--help") for w in words)
-    parser, run_flags = _parser(
-        f"graph settings ({path}'s Config):\n{graph_help(module.Config, prog)}"
-        if wants_help else None)
-    args, rest = parser.parse_known_args([command, path, *words])
-    try:
-        clash = sorted(flags_of(module.Config) & set(run_flags[command]))
-    except NameError as exc:
-        raise UserError(f"{path}: a Config field's type cannot be resolved ({exc})") from None
-    if clash:
-        raise UserError(f"{path}: Config fields give the run flag(s) {', '.join(clash)} of "
-                        f"`daskrl {command}`: rename those fields")
-    check_flags(rest, module.Config, run_flags[command], prog)
-    return args, module, parse_config(module.Config, rest, prog)
+from daskrl.core.script import UserError
+from daskrl.run_flags import graph_path, parse_command_line
 
 
 def _early_cluster(argv: Sequence[str]) -> Any:
     """Start the embedded cluster now when ``argv`` is a ``train`` that will use one, so its
     worker starts while this process imports torch and the graph; else ``None``."""
-    path = _graph_path(argv)
+    path = graph_path(argv)
     if path is None or argv[0] != "train" or not Path(path).is_file():
         return None
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
@@ -257,8 +74,8 @@ def _batch_spec(args: argparse.Namespace) -> Any:
 def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
               early: Any = None) -> int:
     """Run ``daskrl train``: ``module``'s graph built from ``config`` (its flags, parsed by
-    :func:`parse_command_line`); ``early``: a :class:`~daskrl.cluster.local.ClusterStart` begun by
-    :func:`main` for the embedded cluster."""
+    :func:`~daskrl.run_flags.parse_command_line`); ``early``: a
+    :class:`~daskrl.cluster.local.ClusterStart` begun by :func:`main` for the embedded cluster."""
     from distributed import Client
 
     from daskrl.cluster.jobqueue import describe, start_pools

@@ -40,7 +40,7 @@ def cluster_gpu_client() -> Iterator[Client]:
 @pytest.fixture(scope="session")
 def cluster_ppo_graph() -> types.ModuleType:
     """``graphs/ppo.py`` loaded the way the CLI loads it (pickled by value to the workers)."""
-    from daskrl.cli import load_graph
+    from daskrl.core.script import load_graph
 
     return load_graph(str(PPO_GRAPH))
 

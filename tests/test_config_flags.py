@@ -97,7 +97,7 @@ def test_every_field_type_is_a_flag_that_reaches_build(typed_graph, capsys):
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_the_graph_script_may_stand_anywhere(typed_graph, where):
-    from daskrl.cli import parse_command_line
+    from daskrl.run_flags import parse_command_line
 
     flags = ["--steps", "1000", "--sizes", "3", "4", "--seed", "5", "--teams", "x", "y"]
     at = {"first": 0, "middle": 3, "last": len(flags)}[where]
@@ -168,7 +168,8 @@ def test_a_config_field_named_like_a_run_flag_is_refused(tmp_path, capsys):
 
 
 def test_cluster_flags_reach_the_job_spec(typed_graph):
-    from daskrl.cli import _batch_spec, parse_command_line
+    from daskrl.cli import _batch_spec
+    from daskrl.run_flags import parse_command_line
 
     args, _, _ = parse_command_line(["train", str(typed_graph), "--cluster", "slurm",
                                      "--queue", "debug", "--cores", "2",
@@ -181,12 +182,13 @@ def test_cluster_flags_reach_the_job_spec(typed_graph):
 
 
 def test_the_early_cluster_finds_the_graph_anywhere():
-    from daskrl.cli import _early_cluster, _graph_path
+    from daskrl.cli import _early_cluster
+    from daskrl.run_flags import graph_path
 
-    assert _graph_path(["train", "--steps", "10", GRAPH, "--num-envs", "2"]) == GRAPH
-    assert _graph_path(["graph", "--out", "x.svg", GRAPH]) == GRAPH
-    assert _graph_path(["train", "--steps", "10"]) is None
-    assert _graph_path(["plot", "run.py"]) is None
+    assert graph_path(["train", "--steps", "10", GRAPH, "--num-envs", "2"]) == GRAPH
+    assert graph_path(["graph", "--out", "x.svg", GRAPH]) == GRAPH
+    assert graph_path(["train", "--steps", "10"]) is None
+    assert graph_path(["plot", "run.py"]) is None
     assert _early_cluster(["train", "--scheduler", "sync", GRAPH]) is None
     assert _early_cluster(["train", "--steps", "10", GRAPH, "--help"]) is None
 
