@@ -273,13 +273,20 @@ def connect(address: str, timeout: float = 10.0, security: Security | None = Non
             "start one with `dask scheduler`, or drop --scheduler to use the embedded cluster"
         ) from None
     register(client)
-    if not client.scheduler_info(n_workers=-1)["workers"]:
+    if not scheduler_workers(client):
         with contextlib.suppress(TimeoutError):
             client.wait_for_workers(1, timeout=workers_within)
     return client
 
 
+def scheduler_workers(client: Client, timeout: float = 30) -> dict[str, dict[str, Any]]:
+    """Worker address -> what the scheduler knows of it now (name, resources, memory limit),
+    asked afresh; a scheduler that does not answer within ``timeout`` s raises."""
+    return client.sync(client.scheduler.identity, n_workers=-1,
+                       callback_timeout=timeout)["workers"]
+
+
 def worker_resources(client: Client) -> dict[str, dict[str, float]]:
     """Worker name -> advertised resources, as the scheduler sees them now."""
-    info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=30)["workers"]
-    return {str(w["name"]): dict(w.get("resources") or {}) for w in info.values()}
+    return {str(w["name"]): dict(w.get("resources") or {})
+            for w in scheduler_workers(client).values()}

@@ -17,7 +17,7 @@ from dask.delayed import Delayed
 from distributed import Client, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskrl.cluster.local import worker_resources
+from daskrl.cluster.local import scheduler_workers, worker_resources
 from daskrl.compat import graph_annotations
 from daskrl.core.fragment import Fragment
 from daskrl.core.worker_state import register as register_resident_state
@@ -208,8 +208,7 @@ class DaskBackend:
     def identities(self) -> dict[str, str]:
         """Worker name -> address, as the scheduler sees them now."""
         with self._asking_scheduler():
-            info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
-                                    callback_timeout=30)["workers"]
+            info = scheduler_workers(self.client)
         return {str(w["name"]): addr for addr, w in info.items()}
 
     def done(self, handle: Handle, timeout: float) -> bool:
@@ -247,9 +246,8 @@ class DaskBackend:
 
     def memory_limits(self) -> dict[str, int | None]:
         """Each worker's ``memory_limit`` as the scheduler sees it (0 is no limit)."""
-        info = self.client.sync(self.client.scheduler.identity, n_workers=-1,
-                                callback_timeout=30)["workers"]
-        return {str(w["name"]): int(w.get("memory_limit") or 0) or None for w in info.values()}
+        return {str(w["name"]): int(w.get("memory_limit") or 0) or None
+                for w in scheduler_workers(self.client).values()}
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """The scheduler's task-stream records (start/stop of each task's compute and
