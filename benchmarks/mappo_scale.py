@@ -146,8 +146,8 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
     from distributed import Client
 
     from daskrl import Resources
-    from daskrl.core.script import load_graph
     from daskrl.cluster.local import local_cluster
+    from daskrl.core.script import load_graph
     from daskrl.distributions import get_distribution
     from daskrl.runtime.driver import RunSettings, train
 
