@@ -13,7 +13,7 @@ from functools import partial
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
-from daskrl.algos.actor_critic import evaluate_policy
+from daskrl.algos.actor_critic import evaluate_policy, policy_module
 from daskrl.core.envs import make_vector_env, space_dims
 
 
@@ -79,6 +79,7 @@ def build(config: Config) -> Algorithm:
         make_actor=partial(make_actor, config),
         make_learner=partial(make_learner, config, obs_dim, num_actions),
         evaluate=partial(evaluate, config),
+        make_policy=partial(policy_module, config.env, (config.hidden,) * 2),
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,

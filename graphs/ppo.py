@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from functools import partial
 
 from daskrl import Algorithm, Resources, setting
-from daskrl.algos.actor_critic import ActorCriticLearner, VecEnvActor, evaluate_policy
+from daskrl.algos.actor_critic import (
+    ActorCriticLearner,
+    VecEnvActor,
+    evaluate_policy,
+    policy_module,
+)
 from daskrl.algos.ppo import PPOHyper
 from daskrl.core.envs import make_vector_env, space_dims
 from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
@@ -87,6 +92,7 @@ def build(config: Config) -> Algorithm:
         make_actor=partial(make_actor, config),
         make_learner=partial(make_learner, config, obs_dim, num_actions),
         evaluate=partial(evaluate, config),
+        make_policy=partial(policy_module, config.env, (config.hidden,) * 2),
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,

@@ -22,7 +22,7 @@ from daskrl.algos.networks import DiscreteActorCritic
 from daskrl.core.envs import EnvStep, make_vector_env, space_dims
 
 __all__ = ["ActorCriticLearner", "EnvRunner", "EnvStep", "RolloutRecorder", "VecEnvActor",
-           "burn_cpu", "evaluate_policy"]
+           "burn_cpu", "evaluate_policy", "policy_module"]
 
 
 def burn_cpu(seconds: float) -> None:
@@ -329,6 +329,24 @@ def _dims(env_id: str) -> tuple[int, int]:
         _DIMS[env_id] = space_dims(probe)
         probe.close()
     return _DIMS[env_id]
+
+
+def policy_module(env_id: str, hidden: tuple[int, ...], weights: dict[str, torch.Tensor],
+                  deterministic: bool = True) -> torch.nn.Module:
+    """The trained policy of ``weights`` alone (``Algorithm.make_policy``): observations in,
+    actions out.
+
+    Examples
+    --------
+    >>> net = DiscreteActorCritic(4, 2)
+    >>> pi = policy_module("CartPole-v1", (64, 64), net.state_dict())
+    >>> pi(torch.zeros(5, 4)).shape
+    torch.Size([5])
+    """
+    obs_dim, num_actions = _dims(env_id)
+    net = DiscreteActorCritic(obs_dim, num_actions, hidden)
+    net.load_state_dict(weights)
+    return net.policy(deterministic).eval()
 
 
 def evaluate_policy(

@@ -69,6 +69,31 @@ def sample(logits: Tensor, generator: torch.Generator | None, deterministic: boo
     return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
 
 
+class CategoricalPolicy(nn.Module):
+    """A categorical policy head alone: ``forward(obs) -> actions`` (argmax, or a sample).
+
+    What ``daskrl eval``/``export`` run; a scriptable module with no RL bookkeeping.
+
+    Examples
+    --------
+    >>> pi = CategoricalPolicy(mlp(4, 2, (8,), out_std=0.01), deterministic=True)
+    >>> pi(torch.zeros(3, 4)).shape
+    torch.Size([3])
+    """
+
+    def __init__(self, logits: nn.Module, deterministic: bool = True) -> None:
+        super().__init__()
+        self.logits = logits
+        self.deterministic = deterministic
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Actions (int64) for a batch of observations."""
+        logits = self.logits(obs.float().reshape(obs.shape[0], -1))
+        if self.deterministic:
+            return logits.argmax(-1)
+        return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+
+
 class DiscreteActorCritic(nn.Module):
     """Categorical policy and state-value function over flat observations.
 
@@ -84,6 +109,10 @@ class DiscreteActorCritic(nn.Module):
         super().__init__()
         self.actor = mlp(obs_dim, num_actions, hidden, out_std=0.01)
         self.critic = mlp(obs_dim, 1, hidden, out_std=1.0)
+
+    def policy(self, deterministic: bool = True) -> CategoricalPolicy:
+        """The policy alone (shares this network's actor), for eval and export."""
+        return CategoricalPolicy(self.actor, deterministic)
 
     def value(self, obs: Tensor) -> Tensor:
         """State values, shape ``(B,)``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import cloudpickle
@@ -223,7 +224,32 @@ CAPABILITIES: Mapping[str, str] = {
 lists those it requires and refuses an algorithm that lacks one before any worker starts."""
 
 
-ROLES = ("rollout", "learner", "inference", "evaluate", "env")
+@dataclass(frozen=True)
+class EvalRequest:
+    """What ``daskrl eval`` asks of a trained policy: episodes on fresh envs.
+
+    Examples
+    --------
+    >>> EvalRequest(episodes=5, seed=3).deterministic
+    True
+    """
+
+    episodes: int = 10
+    """Episodes to run (for a batched multi-agent env: episodes of every env together)."""
+    seed: int = 0
+    """Seeds the fresh envs and, when sampling, the actions."""
+    deterministic: bool = True
+    """Greedy actions (argmax, or a Gaussian's mean) rather than samples."""
+    video_dir: Path | None = None
+    """Write videos of the episodes here (None: no video)."""
+    env_id: str | None = None
+    """Another env id to evaluate on (None: the one the run trained on)."""
+    opponent: str | None = None
+    """Multi-agent runs: ``"random"`` plays each trained team against a uniformly random
+    other team (None: trained against trained)."""
+
+
+ROLES = ("rollout", "learner", "inference", "evaluate", "env", "replay")
 ROLE_FALLBACK = {"env": "rollout", "inference": "learner"}
 """A role with no annotation of its own takes this role's (env replicas step like rollouts;
 central inference sits with the learner)."""
@@ -265,6 +291,14 @@ class Algorithm:
     distribution : str
         The distribution it runs under when none is named (``daskrl train`` without
         ``--distribution``), e.g. ``"async"`` for A3C.
+    make_policy : callable ``(weights, deterministic) -> torch.nn.Module``, optional
+        The trained policy alone: a module whose ``forward(obs)`` maps a batch of observations
+        (a tensor ``[B, *obs_shape]`` of the env's dtype) to a batch of actions, observation
+        normalisation included. ``daskrl eval``, ``daskrl export`` and
+        ``daskrl.load_policy`` run it. None: the algorithm cannot be evaluated or exported.
+    evaluator : callable ``(weights, EvalRequest) -> dict``, optional
+        Runs ``daskrl eval``'s episodes itself (multi-agent envs, teams, opponents); None: the
+        generic gymnasium evaluator runs ``make_policy`` on ``env_id``'s envs.
 
     Examples
     --------
@@ -291,6 +325,8 @@ class Algorithm:
     sizes: Sizes | None = None
     capabilities: frozenset[str] = frozenset()
     distribution: str = "actors-learner"
+    make_policy: Callable[[Weights, bool], torch.nn.Module] | None = None
+    evaluator: Callable[[Weights, EvalRequest], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.capabilities, str):
