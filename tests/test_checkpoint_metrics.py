@@ -8,11 +8,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from daskrl.core.failures import RunStopped
 from daskrl.distributions import get_distribution
 from daskrl.observe.metrics import MetricsWriter, write_summary
 from daskrl.runtime.backend import SyncBackend
@@ -122,15 +124,78 @@ def test_metrics_writer_orders_columns_and_formats_values(tmp_path):
     assert lines[1] == "1,8,,0.333333,1"  # NaN left empty, floats to 6 significant digits
 
 
-def test_metrics_writer_resume_drops_rows_after_the_checkpoint(tmp_path):
+def test_metrics_writer_resume_keeps_rows_after_the_checkpoint_in_a_backup(tmp_path, capsys):
     path = tmp_path / "metrics.csv"
     write_rows(path, range(1, 6))
+    before = path.read_bytes()
     write_rows(path, [4, 5, 6], resume_after=3, extra={"new_column": 1})
     rows = read_csv(path)
     assert [r["iteration"] for r in rows] == ["1", "2", "3", "4", "5", "6"]
-    assert list(rows[0]) == ["iteration", "env_steps", "loss"]  # the file's header is kept
+    # the late column widened the header; the rows written before have it empty
+    assert list(rows[0]) == ["iteration", "env_steps", "loss", "new_column"]
+    assert [r["new_column"] for r in rows] == ["", "", "", "1", "1", "1"]
     assert path.read_text().count("iteration") == 1
     assert [r["env_steps"] for r in rows] == ["10", "20", "30", "40", "50", "60"]
+    assert (tmp_path / "metrics.csv.bak").read_bytes() == before  # nothing lost
+    err = capsys.readouterr().err
+    assert "rows of iterations 4-5" in err and "metrics.csv.bak" in err
+    write_rows(path, [6, 7], resume_after=5)  # a second resume: a second backup
+    assert (tmp_path / "metrics.csv.bak").read_bytes() == before
+    assert [r["iteration"] for r in read_csv(tmp_path / "metrics.csv.bak.2")][-1] == "6"
+
+
+def test_metrics_writer_resume_without_rows_to_drop_only_appends(tmp_path, capsys):
+    path = tmp_path / "metrics.csv"
+    write_rows(path, [1, 2])
+    before = path.read_bytes()
+    write_rows(path, [3], resume_after=2)
+    assert path.read_bytes().startswith(before)
+    assert not list(tmp_path.glob("*.bak*")) and capsys.readouterr().err == ""
+
+
+def test_a_torn_last_row_is_kept_in_the_backup_not_joined_to_the_next(tmp_path):
+    path = tmp_path / "metrics.csv"
+    write_rows(path, [1, 2])
+    path.write_text(path.read_text() + "3,30")  # the driver was killed mid-row
+    write_rows(path, [3], resume_after=2)
+    assert [r["iteration"] for r in read_csv(path)] == ["1", "2", "3"]
+    assert (tmp_path / "metrics.csv.bak").read_text().endswith("3,30")
+
+
+def test_a_metric_that_first_appears_later_gets_its_column(tmp_path):
+    path = tmp_path / "metrics.csv"
+    writer = MetricsWriter(path)
+    writer.write({"iteration": 1, "env_steps": 8, "loss": 0.5})
+    writer.write({"iteration": 2, "env_steps": 16, "loss": 0.25, "eval_return_mean": 7.5})
+    writer.write({"iteration": 3, "env_steps": 24, "loss": 0.125})
+    writer.close()
+    rows = read_csv(path)
+    assert [r["eval_return_mean"] for r in rows] == ["", "7.5", ""]
+    assert [r["loss"] for r in rows] == ["0.5", "0.25", "0.125"]
+    assert not [p for p in tmp_path.iterdir() if p.name != "metrics.csv"]  # no temp file left
+
+
+def test_a_failing_metrics_file_stops_the_run_in_one_line(tmp_path):
+    path = tmp_path / "metrics.csv"
+    writer = MetricsWriter(path)
+    writer.write({"iteration": 1, "env_steps": 8})
+    writer.fh.close()
+    writer.fh = open("/dev/full", "w")  # noqa: SIM115 - every write fails with ENOSPC
+    with pytest.raises(RunStopped, match=r"cannot write .*metrics.csv \(No space left"):
+        writer.write({"iteration": 2, "env_steps": 16})
+    writer.fh = None
+
+
+def test_a_dead_tensorboard_writer_stops_the_run(tmp_path):
+    pytest.importorskip("tensorboard")
+    (tmp_path / "tb").write_text("a file where the event folder should be")
+    writer = MetricsWriter(tmp_path / "metrics.csv", tensorboard=True)
+    writer.write({"iteration": 1, "env_steps": 8})
+    with pytest.raises(RunStopped, match="TensorBoard writer"):
+        for it in range(2, 200):  # the thread fails on its first event
+            writer.write({"iteration": it, "env_steps": 8 * it})
+            time.sleep(0.05)
+        writer.close()
 
 
 def test_metrics_writer_resume_edge_cases(tmp_path):

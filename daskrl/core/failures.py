@@ -95,6 +95,11 @@ class PeerLost(ConnectionError):
     lost): the driver resubmits as it does when it sees a worker leave."""
 
 
+class RunStopped(RuntimeError):
+    """The run stopped for a reason its message states in one line (a writer that failed,
+    a hang past the recoveries allowed); the last good checkpoint is kept."""
+
+
 class FragmentError(RuntimeError):
     """A fragment raised; the message says where its inputs were saved and how to replay."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +51,79 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def load_latest(directory: Path) -> dict[str, Any] | None:
-    """The newest checkpoint that loads, or None when there is none."""
-    for path in reversed(list_checkpoints(directory)):
+    """The newest checkpoint that loads, or None when there is none (damaged files skipped).
+
+    Examples
+    --------
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> load_latest(d) is None
+    True
+    """
+    try:
+        return load_for_resume(directory).payload
+    except (CheckpointsUnreadable, FileNotFoundError):
+        return None
+
+
+class CheckpointsUnreadable(ValueError):
+    """Checkpoint files exist but none loads: a resume must not start over on top of them."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The checkpoint a resume continues from, and the newer files it had to skip."""
+
+    payload: dict[str, Any]
+    path: Path
+    skipped: list[tuple[Path, str]]
+    """``(file, why it did not load)``, newest first."""
+
+    def warning(self) -> str | None:
+        """One line naming each skipped file and why, or None when none was skipped."""
+        if not self.skipped:
+            return None
+        why = "; ".join(f"{p.name}: {reason}" for p, reason in self.skipped)
+        return (f"daskrl: warning: skipped damaged checkpoint(s) ({why}); continuing from "
+                f"{self.path.name}")
+
+
+def load_for_resume(directory: Path) -> Loaded:
+    """The newest checkpoint in ``directory`` that loads, and the newer ones that did not.
+
+    Raises
+    ------
+    FileNotFoundError
+        When ``directory`` holds no ``ckpt-*.pt`` file at all.
+    CheckpointsUnreadable
+        When it holds some but none loads; the message names each file and why, so the
+        run folder can be repaired by hand instead of being overwritten by a fresh start.
+
+    Examples
+    --------
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> _ = save_checkpoint(d, 1, {"it": 1}); _ = (d / "ckpt-00000002.pt").write_bytes(b"x")
+    >>> loaded = load_for_resume(d)
+    >>> loaded.path.name, loaded.payload, [p.name for p, _ in loaded.skipped]
+    ('ckpt-00000001.pt', {'it': 1}, ['ckpt-00000002.pt'])
+    """
+    found = list_checkpoints(directory)
+    if not found:
+        raise FileNotFoundError(f"no checkpoints under {directory}")
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(found):
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001 - a damaged file: fall back to the one before
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a damaged file: fall back to the one before
+            skipped.append((path, _reason(exc)))
             continue
-    return None
+        return Loaded(payload, path, skipped)
+    listing = "; ".join(f"{p} ({reason})" for p, reason in skipped)
+    raise CheckpointsUnreadable(
+        f"--resume: no checkpoint under {directory} loads: {listing}; nothing was changed - "
+        "restore a good checkpoint there, or start a new run with another --out")
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of why ``torch.load`` refused a file."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")[:200]

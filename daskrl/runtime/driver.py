@@ -8,6 +8,7 @@ a :class:`~daskrl.runtime.run_loop.RunLoop` (submit ahead, record, recover, chec
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from daskrl.distributions import Distribution, IterationInputs
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.profile import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
-from daskrl.runtime.checkpoint import load_latest
+from daskrl.runtime.checkpoint import load_for_resume
 from daskrl.runtime.memory import check_memory
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.run_loop import Attempt, RunLoop, place
@@ -59,7 +60,12 @@ def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutpu
 
     Returns the input, the iteration it precedes and the counters to continue from.
     """
-    ckpt = load_latest(settings.out / "checkpoints") if settings.resume else None
+    ckpt = None
+    if settings.resume:  # damaged files only: refuse, and change nothing (see load_for_resume)
+        loaded = load_for_resume(settings.out / "checkpoints")
+        if (warning := loaded.warning()) is not None:
+            print(warning, file=sys.stderr)
+        ckpt = loaded.payload
     if ckpt is not None:
         state = ckpt["learner"]
         out = LearnerOutput(ckpt["version"], state, state["model"], {}, ckpt.get("actors", {}))
@@ -100,10 +106,10 @@ def train(
     out = settings.out
     check_settings(settings)
     check_distribution(distribution, algo, settings.deterministic)  # before any task
+    start, first, counters = initial_output(algo, settings)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     placement = place(backend, algo, distribution)
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit
-    start, first, counters = initial_output(algo, settings)
     total = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
     attempt = Attempt.begin(backend, algo, distribution, placement, settings)
     recorder = Recorder(out, total, first, counters, resume=settings.resume,
