@@ -1,10 +1,12 @@
-"""The losses of every actor-critic learner (PPO, A2C/A3C, MAPPO), as plain torch functions.
+"""The losses of every actor-critic learner (PPO, A2C/A3C, MAPPO, IMPALA), as plain torch functions.
 
 Each takes the network's outputs on a minibatch (log-probabilities of the taken actions,
 policy entropies, values) and the rollout's tensors, and returns a scalar loss for
 autograd to differentiate plus its parts (detached, for the metrics). The maths follows
 CleanRL's ``ppo.py`` (clipped surrogate, value loss clipped around the old values, entropy
-bonus) and its ``a2c``; nothing here knows a network's shape.
+bonus) and its ``a2c``; :func:`vtrace` follows the IMPALA paper (Espeholt et al. 2018,
+section 4.1) and DeepMind's ``scalable_agent/vtrace.py``; nothing here knows a network's
+shape.
 """
 
 from __future__ import annotations
@@ -111,3 +113,68 @@ def a2c_loss(logp: Tensor, entropy: Tensor, values: Tensor, advantages: Tensor,
     ent = entropy.mean()
     loss = pg + vf_coef * vf - ent_coef * ent
     return loss, torch.stack([pg, vf, ent]).detach()
+
+
+def vtrace(behaviour_logp: Tensor, target_logp: Tensor, rewards: Tensor, values: Tensor,
+           bootstrap_value: Tensor, discounts: Tensor, rho_bar: float = 1.0,
+           c_bar: float = 1.0, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """V-trace value targets and policy-gradient advantages (IMPALA), time-major ``[T, B]``.
+
+    With ``rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))`` and ``c_t = min(c_bar, ...)``
+    (``pi`` the learner's policy, ``mu`` the actor's that acted):
+
+    ``vs_t = V(x_t) + delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1}))``, with
+    ``delta_t = rho_t * (r_t + discount_t * V(x_{t+1}) - V(x_t))``;
+    ``pg_advantage_t = rho_t * (r_t + discount_t * vs_{t+1} - V(x_t))``.
+
+    ``V(x_T)`` and ``vs_T`` are ``bootstrap_value``. On-policy (``mu = pi``) with
+    ``rho_bar, c_bar >= 1`` every weight is 1 and ``vs`` are the n-step bootstrapped returns
+    (GAE with lambda = 1 plus the values). Everything is computed without gradients: the
+    targets are constants of the loss.
+
+    Parameters
+    ----------
+    behaviour_logp, target_logp : Tensor ``[T, B]``
+        Log-probabilities of the taken actions under the acting and the learner's policy.
+    rewards, values : Tensor ``[T, B]``
+        Reward of step ``t`` and the learner's value of the observation it acted on.
+    bootstrap_value : Tensor ``[B]``
+        The learner's value of the observation after the last step.
+    discounts : Tensor ``[T, B]``
+        ``gamma``, or 0 where the episode terminated at step ``t`` (no bootstrap past it).
+    rho_bar, c_bar : float
+        Truncation of the importance weights in ``delta`` / the advantages, and in the traces.
+    valid : Tensor of bool ``[T, B]``, optional
+        False for steps that carry no transition (a vector env's reset step after an
+        episode ended): their weights are 0, so ``vs`` there is the value itself and no trace
+        crosses them; a step truncated just before bootstraps on the value of its final
+        observation, which the invalid step acted on.
+
+    Returns
+    -------
+    vs, pg_advantages : Tensor ``[T, B]``
+
+    Examples
+    --------
+    >>> z = torch.zeros(2, 1)
+    >>> vs, adv = vtrace(z, z, torch.ones(2, 1), z, torch.zeros(1), torch.full((2, 1), 0.5))
+    >>> vs[:, 0].tolist(), adv[:, 0].tolist()
+    ([1.5, 1.0], [1.5, 1.0])
+    """
+    with torch.no_grad():
+        rhos = torch.exp(target_logp - behaviour_logp)
+        if valid is not None:
+            rhos = torch.where(valid, rhos, torch.zeros_like(rhos))
+        clipped_rhos = torch.clamp(rhos, max=rho_bar)
+        cs = torch.clamp(rhos, max=c_bar)
+        next_values = torch.cat([values[1:], bootstrap_value[None]], dim=0)
+        deltas = clipped_rhos * (rewards + discounts * next_values - values)
+        acc = torch.zeros_like(bootstrap_value)
+        vs_minus_v = torch.zeros_like(values)
+        for t in range(values.shape[0] - 1, -1, -1):
+            acc = deltas[t] + discounts[t] * cs[t] * acc
+            vs_minus_v[t] = acc
+        vs = vs_minus_v + values
+        next_vs = torch.cat([vs[1:], bootstrap_value[None]], dim=0)
+        pg_advantages = clipped_rhos * (rewards + discounts * next_vs - values)
+    return vs, pg_advantages
