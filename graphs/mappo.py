@@ -10,8 +10,10 @@ policies, resident on its worker; each step, each team acts with one forward pas
 its agents. The learner holds the team actors, critics (``--critic central``: MAPPO,
 ``local``: IPPO) and the optimiser. ``--steps`` counts env steps (each moves every agent of
 its env). Metrics add ``return_mean/<team>``, ``agents`` and ``agent_steps_per_s``; the final
-evaluation adds ``eval_return_mean/<team>``, and ``eval_return_mean`` is the adversary
-team's return when the env has one (simple tag), else the mean over teams.
+evaluation adds ``eval_return_mean/<team>`` (as trained), ``eval_vs_random_return_mean/<team>``
+(each trained team against uniformly random other teams) and ``eval_random_return_mean/<team>``
+(all random), each with its standard error (``..._se/<team>``); ``eval_return_mean`` is the
+adversary team's return when the env has one (simple tag), else the mean over teams.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from typing import Literal
 import torch
 
 from daskrl import Algorithm, Resources, setting
+from daskrl.core.algorithm import EvalRequest
 from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
 from marl.mappo import (
     EnvSpec,
     MAPPOActor,
     MAPPOHyper,
     MAPPOLearner,
+    MAPPOModel,
+    MAPPOPolicy,
     ModelSpec,
     RolloutSpec,
     TeamLayout,
@@ -122,9 +127,32 @@ def make_learner(config: Config, layout: TeamLayout, seed: int, device: str) -> 
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
-    """Role ``evaluate``: ``--eval-episodes`` fresh episodes, one per env, on the CPU."""
+    """Role ``evaluate``: ``--eval-episodes`` fresh episodes, one per env, on the CPU, as
+    trained, each trained team against random teams, and all random (mean ± s.e.)."""
     return evaluate_teams(config.env_spec(), config.model_spec(), weights, seed,
                           config.eval_episodes, config.eval_deterministic, config.random())
+
+
+def evaluator(config: Config, weights: dict, request: EvalRequest) -> dict[str, float]:
+    """``daskrl eval``: :func:`marl.mappo.evaluate_teams` with the request's episodes, seed and
+    mode; ``--opponent random`` makes the headline each trained team against random ones."""
+    if request.env_id is not None and request.env_id != config.env:
+        raise ValueError(f"--env {request.env_id!r}: a MAPPO run evaluates on the env it "
+                         f"trained on ({config.env!r}); drop --env")
+    return evaluate_teams(config.env_spec(), config.model_spec(), weights, request.seed,
+                          request.episodes, request.deterministic, config.random(),
+                          opponent=request.opponent)
+
+
+def make_policy(config: Config, weights: dict, deterministic: bool) -> MAPPOPolicy:
+    """The trained team actors as one module: ``forward(obs [B, A, obs_dim]) -> actions
+    [B, A]``, observations in the batched env's layout (agents in ``agent_names`` order,
+    each zero-padded to the widest observation); ``--random-teams`` act uniformly."""
+    layout = layout_of(config.env_spec())
+    model = MAPPOModel(layout, config.model_spec())
+    model.load_state_dict(weights)
+    random = frozenset(layout.team_index(n) for n in config.random())
+    return MAPPOPolicy(model, deterministic, random).eval()
 
 
 def model_params(layout: TeamLayout, spec: ModelSpec) -> int:
@@ -133,8 +161,8 @@ def model_params(layout: TeamLayout, spec: ModelSpec) -> int:
     dims = [layout.team_obs_dim(t) for t in range(len(layout.names))]
     state = 0 if spec.critic != "central" else (
         layout.state_dim if spec.state == "concat" else sum(dims))
-    return sum(mlp_params(d, layout.num_actions, spec.hidden)
-               + mlp_params(d + state, 1, spec.hidden) for d in dims)
+    return sum(mlp_params(d, layout.team_num_actions(t), spec.hidden)
+               + mlp_params(d + state, 1, spec.hidden) for t, d in enumerate(dims))
 
 
 def build(config: Config) -> Algorithm:
@@ -153,6 +181,8 @@ def build(config: Config) -> Algorithm:
         make_actor=partial(make_actor, config),
         make_learner=partial(make_learner, config, layout),
         evaluate=partial(evaluate, config),
+        evaluator=partial(evaluator, config),
+        make_policy=partial(make_policy, config),
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,

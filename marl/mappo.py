@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 from .mappo_env import EnvSpec, layout_of, task_device, task_gpu
 from .mappo_learner import MAPPOHyper, MAPPOLearner, team_metrics
-from .mappo_model import MAPPOModel, ModelSpec, TeamLayout, ValueNorm, sample
+from .mappo_model import MAPPOModel, MAPPOPolicy, ModelSpec, TeamLayout, ValueNorm, sample
 from .mappo_rollout import (
     HEADLINE_TEAM,
     EpisodeTracker,
@@ -41,12 +41,15 @@ from .mappo_rollout import (
     advantages,
     evaluate_teams,
     gae_tensor,
+    mean_se,
+    play_episodes,
 )
 
 __all__ = [
     "HEADLINE_TEAM", "EnvSpec", "EpisodeTracker", "MAPPOActor", "MAPPOHyper", "MAPPOLearner",
-    "MAPPOModel", "ModelSpec", "RolloutSpec", "TeamLayout", "ValueNorm", "advantages",
-    "evaluate_teams", "gae_tensor", "layout_of", "sample", "task_device",
+    "MAPPOModel", "MAPPOPolicy", "ModelSpec", "RolloutSpec", "TeamLayout", "ValueNorm",
+    "advantages", "evaluate_teams", "gae_tensor", "layout_of", "mean_se", "play_episodes",
+    "sample", "task_device",
     "task_gpu", "team_metrics", "InlineRun", "train_inline",
 ]
 

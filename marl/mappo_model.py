@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from daskrl.algos.networks import mlp, sample
 
-__all__ = ["CRITICS", "STATES", "MAPPOModel", "ModelSpec", "TeamLayout", "ValueNorm", "sample"]
+__all__ = ["CRITICS", "STATES", "MAPPOModel", "MAPPOPolicy", "ModelSpec", "TeamLayout",
+           "ValueNorm", "sample"]
 
 CRITICS = ("central", "local")
 STATES = ("concat", "pooled")
@@ -36,19 +37,32 @@ class TeamLayout:
         True observation length of each agent (observations are zero-padded to
         ``max(obs_dims)``).
     num_actions : int
-        Discrete actions per agent.
+        Discrete actions of the agent with the most (actions ``[N, A]`` hold each agent's
+        own index, so no padding of actions is needed).
+    team_actions : tuple of int
+        Discrete actions of each team's agents (empty: ``num_actions`` for every team). Teams
+        differ in e.g. ``simple_world_comm`` (the lead adversary has 20) or
+        ``simple_speaker_listener`` (speaker 3, listener 5); each team's actor has its own.
 
     Examples
     --------
     >>> lay = TeamLayout(("adversary", "good"), ((0, 1, 2), (3,)), (16, 16, 16, 14), 5)
     >>> lay.num_agents, lay.obs_dim, lay.state_dim, lay.team_obs_dim(1)
     (4, 16, 62, 14)
+    >>> TeamLayout(("speaker", "listener"), ((0,), (1,)), (3, 11), 5, (3, 5)).team_num_actions(0)
+    3
     """
 
     names: tuple[str, ...]
     agents: tuple[tuple[int, ...], ...]
     obs_dims: tuple[int, ...]
     num_actions: int
+    team_actions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.team_actions and len(self.team_actions) != len(self.names):
+            raise ValueError(f"team_actions {self.team_actions}: give one count per team "
+                             f"{list(self.names)}")
 
     @classmethod
     def of(cls, env: Any) -> TeamLayout:
@@ -68,8 +82,17 @@ class TeamLayout:
         names = tuple(env.team_names)
         agents = tuple(tuple(i for i, t in enumerate(team) if t == k) for k in range(len(names)))
         kept = [(n, a) for n, a in zip(names, agents, strict=True) if a]
+        counts = [int(c) for c in env.action_counts]
+        per_team = []
+        for name, members in kept:
+            mine = {counts[i] for i in members}
+            if len(mine) != 1:  # one shared actor per team needs one action space
+                raise ValueError(f"team {name!r}: its agents have {sorted(mine)} actions; give "
+                                 "agents with different action spaces different teams (team_of)")
+            per_team.append(mine.pop())
         return cls(tuple(n for n, _ in kept), tuple(a for _, a in kept),
-                   tuple(int(d) for d in env.obs_dims.tolist()), int(env.num_actions))
+                   tuple(int(d) for d in env.obs_dims.tolist()), int(env.num_actions),
+                   tuple(per_team))
 
     @property
     def num_agents(self) -> int:
@@ -85,6 +108,10 @@ class TeamLayout:
     def state_dim(self) -> int:
         """Length of the global state (all agents' unpadded observations)."""
         return sum(self.obs_dims)
+
+    def team_num_actions(self, team: int) -> int:
+        """Discrete actions of ``team``'s agents."""
+        return self.team_actions[team] if self.team_actions else self.num_actions
 
     def team_obs_dim(self, team: int) -> int:
         """Observation width of ``team`` (its widest agent's)."""
@@ -220,8 +247,8 @@ class MAPPOModel(nn.Module):
         self.layout, self.spec = layout, spec
         dims = [layout.team_obs_dim(t) for t in range(len(layout.names))]
         state_dim = layout.state_dim if spec.state == "concat" else sum(dims)
-        self.actors = nn.ModuleList(
-            [mlp(d, layout.num_actions, spec.hidden, out_std=0.01) for d in dims])
+        self.actors = nn.ModuleList([mlp(d, layout.team_num_actions(t), spec.hidden, out_std=0.01)
+                                     for t, d in enumerate(dims)])
         critic_in = [d + (state_dim if spec.critic == "central" else 0) for d in dims]
         self.critics = nn.ModuleList([mlp(d, 1, spec.hidden, out_std=1.0) for d in critic_in])
         self.value_norms = nn.ModuleList([ValueNorm(enabled=spec.value_norm) for _ in dims])
@@ -295,7 +322,9 @@ class MAPPOModel(nn.Module):
             ) -> tuple[Tensor, Tensor]:
         """Actions ``[N, A]`` (long) and their log-probabilities, one pass per team.
 
-        Teams in ``random_teams`` act uniformly at random (untrained opponents).
+        Teams in ``random_teams`` act uniformly at random (untrained opponents) whatever
+        ``deterministic`` says: the argmax of their flat logits would be action 0 (no-op), an
+        opponent that never moves.
         """
         n = len(obs)
         actions = torch.empty(n, self.layout.num_agents, dtype=torch.long, device=obs.device)
@@ -303,10 +332,11 @@ class MAPPOModel(nn.Module):
         for t in range(len(self._dims)):
             idx = self.agent_index(t)
             if t in random_teams:
-                logits = torch.zeros(n * len(idx), self.layout.num_actions, device=obs.device)
+                logits = torch.zeros(n * len(idx), self.layout.team_num_actions(t),
+                                     device=obs.device)
+                a, lp = sample(logits, generator, deterministic=False)
             else:
-                logits = self.logits(obs, t)
-            a, lp = sample(logits, generator, deterministic)
+                a, lp = sample(self.logits(obs, t), generator, deterministic)
             actions[:, idx] = a.view(n, -1)
             logp[:, idx] = lp.view(n, -1).to(obs.dtype)
         return actions, logp
@@ -337,3 +367,58 @@ def _as_slice(agents: tuple[int, ...]) -> slice | None:
     return slice(first, first + len(agents)) if agents == tuple(
         range(first, first + len(agents))) else None
 
+
+
+class MAPPOPolicy(nn.Module):
+    """The team actors alone: ``forward(obs) -> actions`` for every agent of a batch of envs.
+
+    Observations are the batched env's layout, ``[B, A, obs_dim]`` (agent ``i`` in row ``i``,
+    in the env's ``agent_names`` order, each zero-padded to the widest observation); the
+    actions are ``[B, A]`` (int64, agent ``i``'s index into its own action space). Each team's
+    actor sees its agents' first ``team_obs_dim`` columns. Teams in ``random_teams`` (not
+    trained) act uniformly at random, in greedy mode too. No observation normalisation:
+    MAPPO trains on raw observations.
+
+    Examples
+    --------
+    >>> lay = TeamLayout(("adversary", "good"), ((0, 1, 2), (3,)), (16, 16, 16, 14), 5)
+    >>> model = MAPPOModel(lay, ModelSpec())
+    >>> pi = MAPPOPolicy(model, deterministic=True)
+    >>> pi(torch.zeros(6, 4, 16)).shape
+    torch.Size([6, 4])
+    >>> torch.jit.script(pi)(torch.zeros(2, 4, 16)).dtype
+    torch.int64
+    """
+
+    def __init__(self, model: MAPPOModel, deterministic: bool = True,
+                 random_teams: frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        lay = model.layout
+        self.actors = nn.ModuleList(model.actors)
+        self.deterministic = deterministic
+        self.num_agents = lay.num_agents
+        self.register_buffer("order", torch.tensor([i for a in lay.agents for i in a]))
+        self.starts = [sum(len(a) for a in lay.agents[:t]) for t in range(len(lay.names) + 1)]
+        self.dims = [lay.team_obs_dim(t) for t in range(len(lay.names))]
+        self.counts = [lay.team_num_actions(t) for t in range(len(lay.names))]
+        self.random = [t in random_teams for t in range(len(lay.names))]
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Actions ``[B, A]`` for observations ``[B, A, obs_dim]``."""
+        n = obs.shape[0]
+        obs = obs.float()
+        out = torch.zeros(n, self.num_agents, dtype=torch.long, device=obs.device)
+        for t, actor in enumerate(self.actors):
+            idx = self.order[self.starts[t] : self.starts[t + 1]]
+            if self.random[t]:
+                a = torch.randint(0, self.counts[t], (n, idx.shape[0]), device=obs.device)
+            else:
+                own = obs.index_select(1, idx)[:, :, : self.dims[t]]
+                logits = actor(own.reshape(-1, self.dims[t]))
+                if self.deterministic:
+                    a = logits.argmax(-1)
+                else:
+                    a = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+                a = a.view(n, -1)
+            out[:, idx] = a
+        return out

@@ -274,51 +274,115 @@ class MAPPOActor:
             getattr(self._env, "close", lambda: None)()
 
 
+def play_episodes(env: EnvSpec, net: MAPPOModel, seed: int, episodes: int,
+                  deterministic: bool, random_teams: frozenset[int]) -> dict[str, np.ndarray]:
+    """Per-episode team returns ``{team: [episodes]}`` (each the mean over the team's agents)
+    of ``episodes`` fresh episodes, one per env; teams in ``random_teams`` act uniformly.
+
+    Examples
+    --------
+    >>> lay = layout_of(EnvSpec())
+    >>> out = play_episodes(EnvSpec(), MAPPOModel(lay, ModelSpec()), 0, 3, True, frozenset())
+    >>> {k: v.shape for k, v in out.items()}
+    {'adversary': (3,), 'good': (3,)}
+    """
+    layout = net.layout
+    batched = env.make(episodes, seed)
+    obs = batched.reset(seed=seed).float()
+    tracker = EpisodeTracker(layout, episodes, "cpu")
+    finished = torch.zeros(episodes, dtype=torch.bool)
+    generator = torch.Generator().manual_seed(seed)
+    team: dict[str, list[float]] = {n: [] for n in layout.names}
+    for _ in range(100 * env.max_cycles):
+        actions, _ = net.act(obs, generator, deterministic, random_teams)
+        obs, rew, _, _, info = batched.step(actions)
+        obs = obs.float()
+        tracker.clear()
+        rows = tracker.add(rew.double(), info.get("reset_mask"))
+        if rows is None:
+            continue
+        first = (~finished[rows]).numpy()  # only each env's first episode counts
+        for name in layout.names:
+            team[name] += np.asarray(tracker.team_returns[name])[first].tolist()
+        finished[rows] = True
+        if bool(finished.all()):
+            break
+    getattr(batched, "close", lambda: None)()
+    return {n: np.asarray(v) for n, v in team.items()}
+
+
+def mean_se(x: np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error (``std(ddof=1) / sqrt(n)``; 0 for one value).
+
+    Examples
+    --------
+    >>> mean_se(np.array([1.0, 3.0]))
+    (2.0, 1.0)
+    """
+    n = len(x)
+    return float(np.mean(x)), float(np.std(x, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+
+
 def evaluate_teams(env: EnvSpec, model: ModelSpec, weights: dict[str, Tensor], seed: int,
                    episodes: int = 32, deterministic: bool = True,
-                   random_teams: tuple[str, ...] = ()) -> dict[str, float]:
-    """Mean per-agent return of each team over ``episodes`` fresh episodes.
+                   random_teams: tuple[str, ...] = (), opponent: str | None = None
+                   ) -> dict[str, float]:
+    """Team returns of fresh episodes in three match-ups, each mean ± standard error over
+    ``episodes`` episodes (a team's return in an episode: the mean over its agents).
 
-    Returns ``eval_return_mean/<team>``, ``eval_return_mean`` (the adversary team's when
-    the env has one, else the mean over teams), ``eval_return_std`` and ``eval_episodes``.
+    * ``eval_return_mean/<team>``, ``eval_return_se/<team>``: the teams as trained (trained
+      against trained; teams in ``random_teams`` act uniformly at random);
+    * ``eval_vs_random_return_mean/<team>`` (and ``_se``): each trained team against
+      uniformly random other teams (only when the env has more than one team);
+    * ``eval_random_return_mean/<team>`` (and ``_se``): every team uniformly random, the
+      baseline the others are read against.
+
+    Random teams sample uniformly in every mode, also when ``deterministic`` makes the
+    trained teams greedy. ``eval_return_mean``/``eval_return_se``/``eval_return_std`` are the
+    headline team's (the adversaries' when the env has them, else the mean over teams) in the
+    as-trained match-up, or in the against-random one when ``opponent="random"``.
 
     Examples
     --------
     >>> lay = layout_of(EnvSpec())
     >>> w = MAPPOModel(lay, ModelSpec()).state_dict()
     >>> out = evaluate_teams(EnvSpec(), ModelSpec(), w, seed=0, episodes=2)
-    >>> sorted(out)[:3]
-    ['eval_episodes', 'eval_return_mean', 'eval_return_mean/adversary']
+    >>> sorted(k for k in out if k.endswith("/adversary"))  # doctest: +NORMALIZE_WHITESPACE
+    ['eval_random_return_mean/adversary', 'eval_random_return_se/adversary',
+     'eval_return_mean/adversary', 'eval_return_se/adversary',
+     'eval_vs_random_return_mean/adversary', 'eval_vs_random_return_se/adversary']
     """
+    if opponent not in (None, "random"):
+        raise ValueError(f"opponent={opponent!r}: use None (trained against trained) or 'random'")
     layout = layout_of(env)
     net = MAPPOModel(layout, model)
     net.load_state_dict(weights)
-    batched = env.make(episodes, seed)
-    obs = batched.reset(seed=seed).float()
-    tracker = EpisodeTracker(layout, episodes, "cpu")
-    finished = torch.zeros(episodes, dtype=torch.bool)
-    generator = torch.Generator().manual_seed(seed)
+    teams = range(len(layout.names))
     random = frozenset(layout.team_index(n) for n in random_teams)
-    team: dict[str, list[float]] = {n: [] for n in layout.names}
-    head: list[float] = []
-    for _ in range(100 * env.max_cycles):
-        actions, _ = net.act(obs, generator, deterministic, random)
-        obs, rew, _, _, info = batched.step(actions)
-        obs = obs.float()
-        mark = info.get("reset_mask")
-        tracker.clear()
-        rows = tracker.add(rew.double(), mark)
-        if rows is None:
-            continue
-        first = ~finished[rows]
-        for name in layout.names:
-            team[name] += np.asarray(tracker.team_returns[name])[first.numpy()].tolist()
-        head += np.asarray(tracker.headline)[first.numpy()].tolist()
-        finished[rows] = True
-        if bool(finished.all()):
-            break
-    getattr(batched, "close", lambda: None)()
-    out: dict[str, float] = {f"eval_return_mean/{n}": float(np.mean(v)) for n, v in team.items()}
-    out.update(eval_return_mean=float(np.mean(head)), eval_return_std=float(np.std(head)),
+    out: dict[str, float] = {}
+
+    def record(prefix: str, returns: dict[str, np.ndarray], only: set[str] | None = None) -> None:
+        for name, x in returns.items():
+            if only is None or name in only:
+                out[f"{prefix}_mean/{name}"], out[f"{prefix}_se/{name}"] = mean_se(x)
+
+    trained = play_episodes(env, net, seed, episodes, deterministic, random)
+    record("eval_return", trained)
+    vs_random: dict[str, np.ndarray] = {}  # each trained team's own return against random
+    if len(layout.names) > 1:
+        for t in teams:
+            if t in random:
+                continue
+            name = layout.names[t]
+            vs = play_episodes(env, net, seed, episodes, deterministic, frozenset(teams) - {t})
+            vs_random[name] = vs[name]
+            record("eval_vs_random_return", vs, {name})
+    record("eval_random_return", play_episodes(env, net, seed, episodes, deterministic,
+                                               frozenset(teams)))
+    headline = vs_random if opponent == "random" and vs_random else trained
+    head = (headline[HEADLINE_TEAM] if HEADLINE_TEAM in headline
+            else np.mean(list(headline.values()), axis=0))
+    mean, se = mean_se(head)
+    out.update(eval_return_mean=mean, eval_return_se=se, eval_return_std=float(np.std(head)),
                eval_episodes=len(head))
     return out

@@ -22,7 +22,8 @@ The batched interface (used by trainers) is:
 Attributes
     ``num_envs``, ``num_agents``, ``agent_names``, ``team`` (long ``[A]``),
     ``team_names``, ``obs_dim``, ``obs_dims``, ``state_dim``,
-    ``continuous_actions``, ``num_actions`` (discrete) / ``action_dim``.
+    ``continuous_actions``, ``num_actions`` (discrete: the most of any agent) /
+    ``action_dim``, ``action_counts`` (each agent's discrete actions).
 """
 
 from __future__ import annotations
@@ -243,12 +244,14 @@ class PettingZooBatchEnv:
         sp = self._spaces
         if all(isinstance(s, spaces.Discrete) for s in sp):
             self.continuous_actions = False
-            self.num_actions = max(int(s.n) for s in sp)
+            self.action_counts: tuple[int, ...] = tuple(int(s.n) for s in sp)
+            self.num_actions = max(self.action_counts)
             self.action_dim = 1
         elif all(isinstance(s, spaces.Box) for s in sp):
             self.continuous_actions = True
             self.action_dim = max(int(np.prod(s.shape)) for s in sp)
             self.num_actions = self.action_dim
+            self.action_counts = (self.action_dim,) * len(sp)
         else:
             raise ValueError(
                 "PettingZooBatchEnv needs all agents to have Discrete or all Box action "

@@ -226,6 +226,11 @@ class SimpleTag:
         """Length of one agent's action: 5 (continuous) or 1 (an integer in ``0..4``)."""
         return 5 if self.config.continuous_actions else 1
 
+    @property
+    def action_counts(self) -> tuple[int, ...]:
+        """Discrete actions of each agent (5 for all)."""
+        return (5,) * self.num_agents
+
     def get_state(self) -> SimpleTagState:
         """Return a copy of the physical state (positions, velocities, step counts).
 
