@@ -21,12 +21,13 @@ _WHERE = {
     "Placement": "core.placement", "plan_placement": "core.placement", "task": "core.placement",
     "task_key": "core.placement", "Resources": "core.resources",
     "parse_resources": "core.resources", "resident": "core.worker_state",
-    "Sizes": "core.sizes",
+    "Sizes": "core.sizes", "load_policy": "trained.load",
 }
 
 __all__ = [
     "Actor", "Algorithm", "Fragment", "Learner", "LearnerOutput", "Placement", "Resources",
-    "Sizes", "parse_resources", "plan_placement", "resident", "setting", "task", "task_key",
+    "Sizes", "load_policy", "parse_resources", "plan_placement", "resident", "setting", "task",
+    "task_key",
 ]
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from daskrl.core.resources import Resources, parse_resources
     from daskrl.core.sizes import Sizes
     from daskrl.core.worker_state import resident
+    from daskrl.trained.load import load_policy
 
 
 def __getattr__(name: str) -> Any:

@@ -80,7 +80,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
 
     from daskrl.cluster.jobqueue import describe, start_pools
     from daskrl.cluster.local import connect, default_worker_resources, local_cluster
-    from daskrl.core.failures import FragmentError
+    from daskrl.core.failures import FragmentError, RunStopped
     from daskrl.distributions import get_distribution
     from daskrl.runtime.backend import DaskBackend, SyncBackend
     from daskrl.runtime.driver import RunSettings, check_distribution, check_settings, train
@@ -103,8 +103,11 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
     settings = RunSettings(out=out, steps=args.steps, seed=args.seed, resume=args.resume,
                            checkpoint_every=args.checkpoint_every, eval=args.eval,
                            progress=args.progress, deterministic=args.deterministic,
-                           env_retries=args.env_retries,
-                           meta={"graph": args.graph, "config": dataclasses.asdict(config)})
+                           env_retries=args.env_retries, eval_every=args.eval_every,
+                           task_timeout=args.task_timeout, max_recoveries=args.max_recoveries,
+                           max_restarts=args.max_restarts,
+                           meta={"graph": args.graph, "graph_file": str(Path(args.graph).resolve()),
+                                 "config": dataclasses.asdict(config)})
     try:
         check_settings(settings)
     except ValueError as exc:
@@ -142,7 +145,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                 print(f"wrote {args.report}", file=sys.stderr)
             else:
                 summary = train(backend, algo, distribution, settings)
-        except (ValueError, FloatingPointError, FragmentError) as exc:
+        except (ValueError, FloatingPointError, FragmentError, RunStopped) as exc:
             raise UserError(str(exc)) from None
     except ConnectionError as exc:
         raise UserError(str(exc)) from None
@@ -177,6 +180,41 @@ def cmd_graph(args: argparse.Namespace, module: types.ModuleType, config: Any) -
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Run ``daskrl eval``: the run's policy on fresh envs, mean ± std printed."""
+    from daskrl.core.algorithm import EvalRequest
+    from daskrl.trained.evaluate import evaluate_run, format_result
+    from daskrl.trained.load import load_run
+
+    try:
+        run = load_run(args.run_dir, args.checkpoint, args.best)
+        request = EvalRequest(episodes=args.episodes, seed=args.seed,
+                              deterministic=args.deterministic, video_dir=args.video,
+                              env_id=args.env, opponent=args.opponent)
+        result = evaluate_run(run, request)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    mode = "greedy" if args.deterministic else "sampled"
+    print(f"{run.checkpoint} (iteration {run.iteration}, {mode} actions)", file=sys.stderr)
+    print(format_result(result))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Run ``daskrl export``: the run's policy as a ``torch.export`` archive."""
+    from daskrl.trained.export import export_policy
+    from daskrl.trained.load import load_run
+
+    try:
+        run = load_run(args.run_dir, args.checkpoint, args.best)
+        path = export_policy(run, args.out or run.out / "policy.pt2", args.deterministic)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"wrote {path} (from {run.checkpoint}); load it with plain torch: "
+          f"torch.export.load({str(path)!r}).module()(obs_batch)")
+    return 0
+
+
 def _terminate(signum: int, frame: Any) -> None:
     """SIGTERM (``kill``, ``timeout``, a batch system) stops a run the way Ctrl-C does."""
     raise KeyboardInterrupt
@@ -197,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(args, module, config, early)
         if args.command == "graph":
             return cmd_graph(args, module, config)
+        if args.command == "eval":
+            return cmd_eval(args)
+        if args.command == "export":
+            return cmd_export(args)
         if args.command == "profile":
             from daskrl.observe.profile import report
 

@@ -86,6 +86,19 @@ def run_parser(graph_flags_help: str | None = None
              "thread per task, actor state in checkpoints); not async")
     add(train, "train", "--env-retries", type=int, default=2,
         help="times a rollout whose env raised is retried on rebuilt envs")
+    add(train, "train", "--eval-every", type=int, default=0, metavar="N",
+        help="evaluate the policy every N iterations in a task of its own (the evaluate "
+             "role's resources), written to metrics.csv and TensorBoard; the best is kept "
+             "as OUT/checkpoints/best.pt (default: 0, never)")
+    add(train, "train", "--task-timeout", type=float, default=None, metavar="SECONDS",
+        help="a task running longer, or a worker silent longer, is reported with its stack "
+             "and its worker restarted, then the iteration resubmitted (default: max(10 x the "
+             "median of the role's recent task times, 60 s); not with --scheduler sync)")
+    add(train, "train", "--max-recoveries", type=int, default=3, metavar="N",
+        help="lost or hung workers survived before the run stops (default: 3)")
+    add(train, "train", "--max-restarts", type=int, default=0, metavar="N",
+        help="times the embedded cluster is started again from the last checkpoint when its "
+             "scheduler or every worker dies (default: 0)")
     flags["train"] += [s for a in add_jobqueue_flags(train) for s in a.option_strings]
     graph = sub.add_parser("graph", help="draw one iteration's task graph (.svg/.png/.pdf)",
                            description="Draw one iteration of GRAPH under a distribution: "
@@ -107,6 +120,34 @@ def run_parser(graph_flags_help: str | None = None
                                       "inference, learning and scheduler/transfer/idle.",
                           allow_abbrev=False)
     prof.add_argument("run_dir", type=Path, help="the --out folder of a training run")
+    ev = sub.add_parser("eval", help="run a trained policy's episodes on fresh envs",
+                        description="Load RUN's policy (its newest checkpoint, --checkpoint "
+                                    "FILE or --best) and run episodes on fresh envs; print the "
+                                    "mean ± std of return and length.",
+                        allow_abbrev=False)
+    ev.add_argument("run_dir", type=Path, metavar="RUN", help="the --out folder of a training run")
+    _policy_flags(ev)
+    ev.add_argument("--episodes", type=int, default=10, help="episodes to run (default: 10)")
+    ev.add_argument("--seed", type=int, default=0,
+                    help="episode i resets with seed S+i; seeds sampled actions (default: 0)")
+    ev.add_argument("--env", default=None, metavar="ID",
+                    help="evaluate on another gymnasium env id with the same observations "
+                         "(default: the run's)")
+    ev.add_argument("--video", type=Path, default=None, metavar="DIR",
+                    help="record every episode to DIR/*.mp4 through gymnasium's RecordVideo "
+                         "(needs the video extra: pip install 'daskrl[video]')")
+    ev.add_argument("--opponent", choices=("random",), default=None,
+                    help="multi-agent runs: play each trained team against a random one")
+    exp = sub.add_parser("export", help="write a trained policy as a torch.export archive",
+                         description="Write RUN's policy as a torch.export archive (.pt2) that "
+                                     "plain torch runs without daskrl: "
+                                     "torch.export.load(FILE).module()(obs_batch) -> actions.",
+                         allow_abbrev=False)
+    exp.add_argument("run_dir", type=Path, metavar="RUN",
+                     help="the --out folder of a training run")
+    exp.add_argument("--out", type=Path, default=None, metavar="FILE.pt2",
+                     help="archive to write (default: RUN/policy.pt2)")
+    _policy_flags(exp)
     rep = sub.add_parser("replay", help="re-run a failed task in this process",
                          description="Run the fragment call saved in OUT/failures/<task>.pkl "
                                      "again in this process (breakpoint() works), after "
@@ -116,6 +157,21 @@ def run_parser(graph_flags_help: str | None = None
     rep.add_argument("file", type=Path, help="a file from a run's failures/ folder")
     rep.add_argument("--pdb", action="store_true", help="open pdb where the replay raises")
     return parser, flags
+
+
+def _policy_flags(parser: argparse.ArgumentParser) -> None:
+    """Which checkpoint, and greedy or sampled actions: flags of ``eval`` and ``export``."""
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--checkpoint", default=None, metavar="FILE",
+                       help="a checkpoint file, or its name under RUN/checkpoints "
+                            "(default: the newest)")
+    which.add_argument("--best", action="store_true",
+                       help="RUN/checkpoints/best.pt, the best periodic evaluation's")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--deterministic", dest="deterministic", action="store_true",
+                      default=True, help="greedy actions (the default)")
+    mode.add_argument("--sample", dest="deterministic", action="store_false",
+                      help="actions sampled from the policy's distribution")
 
 
 def graph_index(argv: Sequence[str]) -> int | None:
