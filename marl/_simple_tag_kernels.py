@@ -221,9 +221,13 @@ class ActionMap:
         Rows of the action batches.
     continuous : bool
         Float ``[E, A, 5]`` actions instead of integer ``[E, A]`` ones.
+    names : sequence of str, optional
+        Agent names, for errors that name the agent at fault.
     """
 
-    def __init__(self, c: TagConstants, num_envs: int, continuous: bool) -> None:
+    def __init__(self, c: TagConstants, num_envs: int, continuous: bool,
+                 names: tuple[str, ...] = ()) -> None:
+        self.names = names or tuple(f"agent {i}" for i in range(c.num_agents))
         a, dt, dev = c.num_agents, c.accel.dtype, c.accel.device
         dirs = torch.tensor(
             [[0.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, -1.0], [0.0, 1.0]], dtype=dt, device=dev
@@ -244,7 +248,8 @@ class ActionMap:
         Raises
         ------
         ValueError
-            On a wrong shape, dtype or (discrete) value range.
+            On a wrong shape or dtype, a discrete action outside ``0..4`` or a NaN/inf
+            continuous one; the message names the first (env, agent) at fault.
         """
         if not isinstance(actions, Tensor):
             actions = torch.as_tensor(actions)
@@ -255,7 +260,14 @@ class ActionMap:
                     f"actions must be a float tensor of shape [{e}, {a}, 5] for continuous "
                     f"actions, got {actions.dtype} {tuple(actions.shape)}"
                 )
-            return actions.to(device=device, dtype=self.dtype)
+            actions = actions.to(device=device, dtype=self.dtype)
+            finite = torch.isfinite(actions).all(-1)
+            if not bool(finite.all()):
+                env, agent = (int(i) for i in (~finite).nonzero()[0])
+                raise ValueError(
+                    f"actions[{env}, {agent}] (agent {self.names[agent]!r}) = "
+                    f"{actions[env, agent].tolist()}: not finite; expected Box(0.0, 1.0, (5,))")
+            return actions
         if actions.shape != (e, a) or actions.is_floating_point() or actions.dtype == torch.bool:
             raise ValueError(
                 f"actions must be an integer tensor of shape [{e}, {a}] with values 0..4, "
@@ -265,7 +277,11 @@ class ActionMap:
         actions = actions.to(device=device, dtype=torch.long)
         low, high = torch.aminmax(actions)
         if int(low) < 0 or int(high) > 4:
-            raise ValueError("actions must lie in 0..4 (no-op, left, right, down, up)")
+            env, agent = (int(i) for i in ((actions < 0) | (actions > 4)).nonzero()[0])
+            raise ValueError(
+                f"actions[{env}, {agent}] (agent {self.names[agent]!r}) = "
+                f"{int(actions[env, agent])}: outside Discrete(5); actions must lie in 0..4 "
+                "(no-op, left, right, down, up)")
         return actions
 
     def __call__(self, actions: Tensor) -> Tensor:

@@ -131,20 +131,28 @@ class SimpleTagParallelEnv(ParallelEnv):
         dict[str, np.ndarray], dict[str, float], dict[str, bool], dict[str, bool],
         dict[str, dict[str, Any]],
     ]:
-        """Step with a dict of per-agent actions (missing agents do nothing)."""
+        """Step with one action per live agent.
+
+        Raises
+        ------
+        ValueError
+            For an unknown or missing agent, a discrete action that is not an integer in
+            ``0..4``, or a continuous action that is not 5 finite numbers; the message names
+            the agent and its action space (as mpe2 refuses them, rather than a silent
+            no-op or NaN observations).
+        """
         if not self.agents:
             raise RuntimeError("episode is over: call reset() before step()")
         b = self.batched
+        check_agent_names(actions, self.agents)
         if b.continuous_actions:
             act = torch.zeros(1, b.num_agents, 5, dtype=b.config.dtype)
             for i, n in enumerate(self.possible_agents):
-                if n in actions:
-                    act[0, i] = torch.as_tensor(np.asarray(actions[n], dtype=np.float32))
+                act[0, i] = torch.from_numpy(box_action(n, actions[n], self.action_spaces[n]))
         else:
             act = torch.zeros(1, b.num_agents, dtype=torch.long)
             for i, n in enumerate(self.possible_agents):
-                if n in actions:
-                    act[0, i] = int(actions[n])
+                act[0, i] = discrete_action(n, actions[n], self.action_spaces[n])
         obs, rew, term, trunc, _ = b.step(act.to(b.device))
         names = self.agents
         r = rew[0].tolist()
@@ -170,6 +178,86 @@ class SimpleTagParallelEnv(ParallelEnv):
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def check_agent_names(actions: dict[str, Any], live: Sequence[str]) -> None:
+    """Refuse an action dict whose agents are not exactly the live ones.
+
+    Examples
+    --------
+    >>> check_agent_names({"good_0": 1}, ["agent_0"])
+    Traceback (most recent call last):
+    ...
+    ValueError: actions for unknown agent(s) ['good_0'] and none for ['agent_0']: ...
+    """
+    if not isinstance(actions, dict):
+        raise ValueError(f"actions must be a dict {{agent name: action}}, got "
+                         f"{type(actions).__name__}")
+    unknown = [n for n in actions if n not in live]
+    missing = [n for n in live if n not in actions]
+    if unknown or missing:
+        what = [f"unknown agent(s) {unknown}" if unknown else "",
+                f"none for {missing}" if missing else ""]
+        raise ValueError(f"actions for {' and '.join(w for w in what if w)}: "
+                         f"give one action for each live agent {list(live)}".replace(
+                             "actions for none", "no actions"))
+
+
+def discrete_action(name: str, action: Any, space: spaces.Discrete) -> int:
+    """``action`` as an int, if it is an integer inside ``space``; else a ValueError naming
+    ``name`` and the space.
+
+    Examples
+    --------
+    >>> discrete_action("agent_0", np.int64(3), spaces.Discrete(5))
+    3
+    >>> discrete_action("agent_0", 2.7, spaces.Discrete(5))
+    Traceback (most recent call last):
+    ...
+    ValueError: agent 'agent_0': action 2.7 (float) is not an integer of Discrete(5) (0..4)
+    """
+    value = action
+    if isinstance(value, (np.ndarray, Tensor)) and value.ndim == 0:
+        value = value.item() if not isinstance(value, np.ndarray) else value[()]
+    integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    hi = int(space.start) + int(space.n) - 1
+    if not integral:
+        raise ValueError(f"agent {name!r}: action {action!r} ({type(action).__name__}) is not "
+                         f"an integer of {space} ({int(space.start)}..{hi})")
+    if not space.contains(int(value)):
+        raise ValueError(f"agent {name!r}: action {int(value)} is outside {space} "
+                         f"({int(space.start)}..{hi})")
+    return int(value)
+
+
+def box_action(name: str, action: Any, space: spaces.Box) -> np.ndarray:
+    """``action`` as a float array of ``space``'s shape and dtype, if it has that shape and
+    finite values (out-of-range values are clipped by the env, as mpe2 does); else a
+    ValueError naming ``name`` and the space.
+
+    Examples
+    --------
+    >>> box_action("agent_0", [0.0, 1.0, 0.0, 0.0, 0.0], spaces.Box(0, 1, (5,))).shape
+    (5,)
+    >>> box_action("agent_0", [0.1, 0.2], spaces.Box(0, 1, (5,)))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: agent 'agent_0': action of shape (2,), expected Box(0.0, 1.0, (5,), float32)...
+    """
+    if isinstance(action, Tensor):
+        action = action.detach().cpu().numpy()
+    try:
+        arr = np.asarray(action, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"agent {name!r}: action {action!r} is not numeric; expected "
+                         f"{space}") from None
+    if arr.shape != space.shape:
+        raise ValueError(f"agent {name!r}: action of shape {arr.shape}, expected {space} "
+                         f"(shape {space.shape})")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"agent {name!r}: action {arr.tolist()} is not finite; expected "
+                         f"{space}")
+    return arr.astype(space.dtype)
 
 
 def _default_team(name: str) -> str:
@@ -235,6 +323,7 @@ class PettingZooBatchEnv:
         self._dims = dims
         self._spaces = [first.action_space(n) for n in self.agent_names]
         self._check_action_spaces()
+        self._counts = np.asarray(self.action_counts)
         mask = torch.arange(self.obs_dim)[None, :] < torch.tensor(dims)[:, None]
         self._state_mask = None if bool(mask.all()) else mask.reshape(-1).to(self.device)
         self._obs_np = np.zeros((num_envs, self.num_agents, self.obs_dim), dtype=np.float32)
@@ -282,19 +371,47 @@ class PettingZooBatchEnv:
                 continue
             if self.continuous_actions:
                 d = int(np.prod(self._spaces[i].shape))
-                out[n] = actions[row, i, :d].astype(self._spaces[i].dtype)
+                out[n] = actions[row, i, :d].reshape(self._spaces[i].shape).astype(
+                    self._spaces[i].dtype)
             else:
-                out[n] = int(actions[row, i])
+                out[n] = int(actions[row, i]) + int(self._spaces[i].start)
         return out
 
+    def _check_actions(self, acts: np.ndarray) -> None:
+        """Refuse non-integer or out-of-range discrete actions and NaN/inf continuous ones,
+        naming the first (env, agent) at fault and its space."""
+        if self.continuous_actions:
+            if not np.issubdtype(acts.dtype, np.floating):
+                raise ValueError(f"actions must be floats for continuous action spaces, got "
+                                 f"{acts.dtype}")
+            bad = ~np.isfinite(acts).all(-1)
+        else:
+            if not np.issubdtype(acts.dtype, np.integer):
+                raise ValueError(f"actions must be integers for discrete action spaces, got "
+                                 f"{acts.dtype}: pass a long tensor (no rounding is done)")
+            bad = (acts < 0) | (acts >= self._counts[None, :])
+        if bad.any():
+            env, agent = (int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"actions[{env}, {agent}] (agent {self.agent_names[agent]!r}) = "
+                f"{acts[env, agent].tolist()}: outside its action space "
+                f"{self._spaces[agent]}" + ("" if self.continuous_actions else
+                                             f" (indices 0..{self._counts[agent] - 1})"))
+
     def step(self, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, Any]]:
-        """Step every copy; finished copies are reset (see the module docstring)."""
+        """Step every copy; finished copies are reset (see the module docstring).
+
+        Discrete actions are each agent's index into its own space (``0..n-1``); continuous
+        ones fill each agent's first ``prod(shape)`` columns of ``action_dim``. Non-integer
+        or out-of-range discrete actions and NaN/inf continuous ones raise a ValueError
+        naming the agent and its space."""
         e, a = self.num_envs, self.num_agents
         want = (e, a, self.action_dim) if self.continuous_actions else (e, a)
         acts = actions.detach().cpu().numpy() if isinstance(actions, Tensor) else np.asarray(
             actions)
         if acts.shape != want:
             raise ValueError(f"actions must have shape {list(want)}, got {list(acts.shape)}")
+        self._check_actions(acts)
         rew = np.zeros((e, a), dtype=np.float32)
         term = np.ones((e, a), dtype=bool)
         trunc = np.zeros((e, a), dtype=bool)

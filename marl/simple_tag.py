@@ -156,7 +156,8 @@ class SimpleTag:
         self._engine = PairEngine(self.constants, self.layout) if method == "pairs" else None
         self._pair_obs = method == "pairs" and k is None and kl is None
         self._pass_fn = self._make_pass(method)
-        self._actions = ActionMap(self.constants, num_envs, cfg.continuous_actions)
+        self._actions = ActionMap(self.constants, num_envs, cfg.continuous_actions,
+                                  self.agent_names)
         self._cap = self.constants.max_speed.expand(num_envs, a).contiguous()
         self._pos = torch.zeros(num_envs, a, 2, dtype=dt, device=dev)
         self._vel = torch.zeros(num_envs, a, 2, dtype=dt, device=dev)

@@ -122,3 +122,83 @@ def test_batch_adapter_continuous_actions() -> None:
     assert obs.shape == (2, 3, 18) and rew.dtype == torch.float32
     with pytest.raises(ValueError, match="num_envs"):
         PettingZooBatchEnv(lambda: simple_spread_v3.parallel_env(), num_envs=0)
+
+
+def _tag_view(**kwargs) -> SimpleTagParallelEnv:
+    env = SimpleTagParallelEnv(**kwargs)
+    env.reset(seed=0)
+    return env
+
+
+@pytest.mark.parametrize("actions,match", [
+    ({"good_0": 1}, r"unknown agent\(s\) \['good_0'\]"),
+    ({"adversary_0": 0, "adversary_1": 0, "adversary_2": 0}, r"no actions for \['agent_0'\]"),
+    ({"adversary_0": 0, "adversary_1": 0, "adversary_2": 0, "agent_0": 2.7},
+     r"agent 'agent_0': action 2.7 \(float\) is not an integer of Discrete\(5\)"),
+    ({"adversary_0": 0, "adversary_1": 5, "adversary_2": 0, "agent_0": 0},
+     r"agent 'adversary_1': action 5 is outside Discrete\(5\) \(0..4\)"),
+    ({"adversary_0": -1, "adversary_1": 0, "adversary_2": 0, "agent_0": 0},
+     r"agent 'adversary_0': action -1 is outside"),
+    ({"adversary_0": True, "adversary_1": 0, "adversary_2": 0, "agent_0": 0},
+     r"agent 'adversary_0': action True \(bool\) is not an integer"),
+], ids=["unknown", "missing", "float", "above", "below", "bool"])
+def test_parallel_view_refuses_bad_discrete_actions(actions, match):
+    env = _tag_view()
+    with pytest.raises(ValueError, match=match):
+        env.step(actions)
+    obs, *_ = env.step({a: np.int64(1) for a in env.agents})  # numpy integers are integers
+    assert set(obs) == set(env.agents)
+
+
+@pytest.mark.parametrize("value,match", [
+    (np.full(5, np.nan), r"agent 'agent_0': action \[nan, .*not finite; expected Box"),
+    (np.array([0.0, np.inf, 0.0, 0.0, 0.0]), "not finite"),
+    (np.zeros(4), r"agent 'agent_0': action of shape \(4,\), expected Box\(0.0, 1.0, \(5,\)"),
+    ("up", r"agent 'agent_0': action 'up' is not numeric"),
+], ids=["nan", "inf", "shape", "text"])
+def test_parallel_view_refuses_bad_continuous_actions(value, match):
+    env = _tag_view(continuous_actions=True)
+    actions = {a: np.zeros(5, np.float32) for a in env.agents}
+    actions["agent_0"] = value
+    with pytest.raises(ValueError, match=match):
+        env.step(actions)
+    obs, *_ = env.step({a: np.full(5, 0.5, np.float32) for a in env.agents})
+    assert all(np.isfinite(o).all() for o in obs.values())
+
+
+def test_batched_simple_tag_names_the_agent_at_fault():
+    env = SimpleTag(3)
+    env.reset(seed=0)
+    bad = torch.zeros(3, 4, dtype=torch.long)
+    bad[2, 1] = 9
+    with pytest.raises(ValueError, match=r"actions\[2, 1\] \(agent 'adversary_1'\) = 9: outside "
+                       r"Discrete\(5\)"):
+        env.step(bad)
+    cont = SimpleTag(3, continuous_actions=True)
+    cont.reset(seed=0)
+    nan = torch.zeros(3, 4, 5)
+    nan[1, 3, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"actions\[1, 3\] \(agent 'agent_0'\).*not finite"):
+        cont.step(nan)
+
+
+def test_batch_adapter_checks_each_agents_own_space():
+    from mpe2 import simple_speaker_listener_v4
+
+    env = PettingZooBatchEnv(simple_speaker_listener_v4.parallel_env, num_envs=2)
+    env.reset(seed=0)
+    assert env.action_counts == (3, 5) and env.num_actions == 5
+    ok = torch.tensor([[2, 4], [0, 0]])
+    env.step(ok)  # the listener's 4 is inside its Discrete(5)
+    with pytest.raises(ValueError, match=r"actions\[0, 0\] \(agent 'speaker_0'\) = 4: outside "
+                       r"its action space Discrete\(3\) \(indices 0..2\)"):
+        env.step(torch.tensor([[4, 4], [0, 0]]))
+    with pytest.raises(ValueError, match="integers.*no rounding"):
+        env.step(torch.tensor([[2.7, 1.0], [0.0, 0.0]]))
+    cont = PettingZooBatchEnv(
+        lambda: simple_spread_v3.parallel_env(continuous_actions=True), num_envs=2)
+    cont.reset(seed=0)
+    acts = torch.rand(2, 3, 5)
+    acts[1, 2, 4] = float("nan")
+    with pytest.raises(ValueError, match=r"actions\[1, 2\] \(agent 'agent_2'\).*Box"):
+        cont.step(acts)
