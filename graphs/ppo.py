@@ -1,12 +1,20 @@
 """PPO on gymnasium envs (CleanRL-equivalent maths), as fragments any distribution can place.
 
 Run: ``daskrl train graphs/ppo.py --env CartPole-v1 --steps 500000``.
+
+The policy head follows the env's spaces: categorical for discrete actions, Gaussian (with
+observation normalisation and reward scaling, CleanRL's ``ppo_continuous_action``) for a Box
+of actions, the Nature-DQN CNN for Atari frames.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import (
@@ -15,16 +23,20 @@ from daskrl.algos.actor_critic import (
     evaluate_policy,
     policy_module,
 )
+from daskrl.algos.networks import actor_critic_for
+from daskrl.algos.normalize import Normalization
 from daskrl.algos.ppo import PPOHyper
-from daskrl.core.envs import make_vector_env, space_dims
-from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
+from daskrl.algos.vtrace import SequenceActor, VTraceLearner
+from daskrl.core.envs import env_spaces, is_atari
+from daskrl.core.sizes import Sizes, transition_bytes
 
 
 @dataclass
 class Config:
     """PPO settings; each field is a ``--flag`` of ``daskrl train graphs/ppo.py``."""
 
-    env: str = setting("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    env: str = setting("gymnasium env id: discrete or Box actions, flat observations or Atari "
+                       "frames", "CartPole-v1")
     num_actors: int = setting("actor replicas (each with its own envs)", 1)
     num_envs: int = setting("envs per actor replica", 8)
     num_steps: int = setting("steps per env per rollout", 128)
@@ -47,6 +59,21 @@ class Config:
                             "$TORCHINDUCTOR_CACHE_DIR, spares later runs the compile)", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
+    normalize: Literal["auto", "on", "off"] = setting(
+        "running observation normalisation and reward scaling (statistics merged every "
+        "iteration, saved with the weights); auto: on for Box actions", "auto")
+    env_backend: Literal["gymnasium", "envpool"] = setting(
+        "who steps the envs: gymnasium's vector envs, or EnvPool's C++ pool", "gymnasium")
+    vtrace: bool = setting("correct for the policy lag with V-trace: actors record sequences, "
+                           "the learner recomputes advantages and value targets (for stale "
+                           "or free-running actors, e.g. --distribution impala)", False)
+
+    def normalization(self, action_space: gym.Space) -> Normalization:
+        """Running statistics kept for ``action_space`` (``--normalize``); Atari rewards are
+        clipped to their sign."""
+        on = (self.normalize == "on"
+              or (self.normalize == "auto" and isinstance(action_space, gym.spaces.Box)))
+        return Normalization(obs=on, reward=on, sign_reward=is_atari(self.env))
 
     def hyper(self) -> PPOHyper:
         """The update settings, with ``--minibatch-size`` turned into a minibatch count."""
@@ -62,37 +89,57 @@ class Config:
         )
 
 
-def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
+def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int, device: str
                  ) -> ActorCriticLearner:
-    """Role ``learner``: the network and optimiser, on ``device``."""
-    return ActorCriticLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(),
-                              device, compile=config.compile)
+    """Role ``learner``: the network (the head for ``spaces``) and optimiser, on ``device``."""
+    hidden = (config.hidden,) * 2
+    if config.vtrace:
+        obs_dim, num_actions = int(np.prod(spaces[0].shape)), int(spaces[1].n)
+        return VTraceLearner(obs_dim, num_actions, seed, hidden, config.hyper(),
+                             device, config.compile, loss="ppo")
+    network = partial(actor_critic_for, *spaces, hidden, config.normalization(spaces[1]))
+    return ActorCriticLearner(0, 0, seed, hidden, config.hyper(), device,
+                              compile=config.compile, network=network,
+                              replicas=config.num_actors)
 
 
-def make_actor(config: Config, seed: int) -> VecEnvActor:
+def make_actor(config: Config, norm: Normalization, seed: int) -> VecEnvActor | SequenceActor:
     """Role ``rollout``: one replica's envs and policy copy."""
+    if config.vtrace:
+        return SequenceActor(config.env, config.num_envs, seed, (config.hidden,) * 2,
+                             config.gamma, config.env_step_cost)
     return VecEnvActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                       config.gae_lambda, config.env_step_cost)
+                       config.gae_lambda, config.env_step_cost, norm, config.env_backend)
 
 
-def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+def evaluate(config: Config, norm: Normalization, weights: dict, seed: int) -> dict[str, float]:
     """Role ``evaluate``: greedy episodes on fresh envs."""
-    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2)
+    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2,
+                           norm)
 
 
 def build(config: Config) -> Algorithm:
     """PPO as an :class:`~daskrl.Algorithm`; the distribution decides where each role runs."""
-    probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
-    obs_dim, num_actions = space_dims(probe)
-    probe.close()
-    hidden = (config.hidden,) * 2  # DiscreteActorCritic: an actor and a critic MLP
-    params = mlp_params(obs_dim, num_actions, hidden) + mlp_params(obs_dim, 1, hidden)
+    spaces = env_spaces(config.env, config.env_backend)  # checks the env id, reads its spaces
+    norm = config.normalization(spaces[1])
+    hidden = (config.hidden,) * 2
+    net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves, in one line
+    if config.vtrace and (net.action_shape or norm.obs or norm.reward
+                          or len(spaces[0].shape) != 1):
+        raise ValueError("--vtrace serves discrete actions on flat observations without "
+                         "--normalize: drop --vtrace for this env")
+    params = sum(p.numel() for p in net.parameters())
+    obs_space = spaces[0]
+    image = obs_space.dtype == np.uint8  # frames travel as uint8
+    step_bytes = transition_bytes(int(np.prod(obs_space.shape)), obs_itemsize=1 if image else 4,
+                                  action_bytes=4 * int(np.prod(net.action_shape))
+                                  if net.action_shape else 8)  # float32 vector, or int64
     return Algorithm(
         name="ppo",
-        make_actor=partial(make_actor, config),
-        make_learner=partial(make_learner, config, obs_dim, num_actions),
-        evaluate=partial(evaluate, config),
-        make_policy=partial(policy_module, config.env, (config.hidden,) * 2),
+        make_actor=partial(make_actor, config, norm),
+        make_learner=partial(make_learner, config, spaces),
+        evaluate=partial(evaluate, config, norm),
+        make_policy=partial(policy_module, config.env, hidden, normalization=norm),
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,
@@ -102,6 +149,7 @@ def build(config: Config) -> Algorithm:
             "evaluate": Resources(cpu=1),
         },
         env_id=config.env,
-        sizes=Sizes(transition_bytes(obs_dim), params),  # for the memory check at launch
-        capabilities={"gradients", "resizable-actor", "split-actor"},  # VecEnvActor, PPO
+        sizes=Sizes(step_bytes, params),  # for the memory check at launch
+        capabilities={"gradients", "resizable-actor",  # VecEnvActor or SequenceActor, PPO
+                      "vtrace" if config.vtrace else "split-actor"},
     )

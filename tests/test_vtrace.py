@@ -152,3 +152,28 @@ def test_no_gradient_flows_through_the_targets() -> None:
     vs, adv = vtrace(torch.zeros(3, 2), target, torch.ones(3, 2), values, torch.zeros(2),
                      torch.full((3, 2), 0.9))
     assert not vs.requires_grad and not adv.requires_grad
+
+
+def test_learner_targets_on_policy_are_gae_lambda_one_on_its_own_values() -> None:
+    from daskrl.algos.ppo import PPOHyper
+    from daskrl.algos.vtrace import SequenceActor, VTraceLearner
+
+    learner = VTraceLearner(4, 2, seed=0, hp=PPOHyper(update_epochs=1, num_minibatches=1),
+                            loss="ppo")
+    actor = SequenceActor("CartPole-v1", num_envs=3, seed=1, gamma=0.9)
+    actor.set_weights(learner.weights(), 0)
+    batch = actor.rollout(40)  # CartPole's early episodes end inside 40 steps
+    assert not batch["valid"].all()
+    (mb,) = learner.minibatches([batch], 0.0)
+    # reference: GAE(lambda=1) over the valid steps, on the learner's values, time-major
+    with torch.no_grad():
+        v = learner.net.value(torch.as_tensor(batch["obs"]).reshape(-1, 4)).reshape(3, 40).numpy()
+        boot = learner.net.value(torch.as_tensor(batch["last_obs"])).numpy()
+    rewards, valid = batch["rewards"].T, batch["valid"].T
+    terminated = batch["discounts"].T == 0
+    next_values = np.concatenate([v.T[1:], boot[None]])
+    done = np.concatenate([~valid[1:], np.zeros((1, 3), bool)])  # a reset step follows an end
+    _, returns = gae(rewards, v.T, next_values, terminated, done, 0.9, 1.0)
+    want = np.sort(returns[valid])
+    np.testing.assert_allclose(np.sort(mb["returns"].numpy()), want, rtol=1e-4, atol=1e-4)
+    assert len(mb["obs"]) == int(valid.sum()) == batch["stats"]["env_steps"]

@@ -219,6 +219,9 @@ CAPABILITIES: Mapping[str, str] = {
                    "in different processes, as central-inference places them",
     "gradient-actor": "its actor is a GradientActor and its learner applies gradients as they "
                       "arrive, as async does",
+    "vtrace": "its actor records sequences with the acting policy's log-probabilities and "
+              "version, and its learner corrects for their lag with V-trace (a value head), "
+              "as impala's free-running actors need",
 }
 """The capabilities an :class:`Algorithm` may declare, and what each promises. A distribution
 lists those it requires and refuses an algorithm that lacks one before any worker starts."""

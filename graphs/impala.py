@@ -1,0 +1,99 @@
+"""IMPALA on gymnasium envs: free-running actors, a V-trace actor-critic learner.
+
+Run: ``daskrl train graphs/impala.py --env CartPole-v1 --steps 500000`` (the graph's
+distribution is ``impala``: each actor keeps rollouts in flight, the learner updates on each
+batch as it lands and V-trace corrects for the policy lag). Under a synchronous distribution
+(``--distribution actors-learner``) the same fragments run with lag 0 or 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from daskrl import Algorithm, Resources, setting
+from daskrl.algos.actor_critic import evaluate_policy, policy_module
+from daskrl.algos.ppo import PPOHyper
+from daskrl.algos.vtrace import SequenceActor, VTraceLearner
+from daskrl.core.envs import make_vector_env, space_dims
+from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
+
+
+@dataclass
+class Config:
+    """IMPALA settings; each field is a ``--flag`` of ``daskrl train graphs/impala.py``."""
+
+    env: str = setting("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    num_actors: int = setting("actors (each with its own envs and rollouts in flight)", 2)
+    num_envs: int = setting("envs per actor", 8)
+    num_steps: int = setting("steps per env per rollout (the V-trace sequence length)", 32)
+    learning_rate: float = setting("Adam learning rate", 1e-3)
+    anneal_lr: bool = setting("anneal the learning rate linearly to 0", True)
+    gamma: float = setting("discount factor", 0.99)
+    rho_bar: float = setting("V-trace truncation of the importance weights (rho-bar)", 1.0)
+    c_bar: float = setting("V-trace truncation of the traces (c-bar)", 1.0)
+    ent_coef: float = setting("entropy bonus coefficient", 0.01)
+    vf_coef: float = setting("value loss coefficient", 0.5)
+    max_grad_norm: float = setting("gradient-norm clip", 0.5)
+    hidden: int = setting("hidden units in each of the two layers", 64)
+    eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
+    compile: bool = setting("differentiate a torch.compile-d loss", False)
+    env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
+                                   "expensive simulator)", 0.0)
+
+    def hyper(self) -> PPOHyper:
+        """One gradient step per batch (IMPALA's), with these loss and optimiser settings."""
+        return PPOHyper(update_epochs=1, num_minibatches=1, learning_rate=self.learning_rate,
+                        anneal_lr=self.anneal_lr, ent_coef=self.ent_coef, vf_coef=self.vf_coef,
+                        max_grad_norm=self.max_grad_norm, norm_adv=False)
+
+
+def make_actor(config: Config, seed: int) -> SequenceActor:
+    """Role ``rollout``: one actor's envs and policy copy, recording sequences."""
+    return SequenceActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
+                         config.env_step_cost)
+
+
+def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
+                 ) -> VTraceLearner:
+    """Role ``learner``: the network and optimiser, on ``device``."""
+    return VTraceLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(), device,
+                         config.compile, rho_bar=config.rho_bar, c_bar=config.c_bar,
+                         loss="actor-critic")
+
+
+def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+    """Role ``evaluate``: greedy episodes on fresh envs."""
+    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2)
+
+
+def build(config: Config) -> Algorithm:
+    """IMPALA as an :class:`~daskrl.Algorithm`; its default distribution, ``impala``, keeps
+    the actors running while the learner updates."""
+    for flag, value in (("--rho-bar", config.rho_bar), ("--c-bar", config.c_bar)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
+    probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
+    obs_dim, num_actions = space_dims(probe)
+    probe.close()
+    hidden = (config.hidden,) * 2
+    params = mlp_params(obs_dim, num_actions, hidden) + mlp_params(obs_dim, 1, hidden)
+    return Algorithm(
+        name="impala",
+        make_actor=partial(make_actor, config),
+        make_learner=partial(make_learner, config, obs_dim, num_actions),
+        evaluate=partial(evaluate, config),
+        make_policy=partial(policy_module, config.env, hidden),
+        num_steps=config.num_steps,
+        num_envs=config.num_envs,
+        num_actors=config.num_actors,
+        resources={
+            "rollout": Resources(cpu=1),
+            "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
+            "evaluate": Resources(cpu=1),
+        },
+        env_id=config.env,
+        sizes=Sizes(transition_bytes(obs_dim), params),
+        capabilities={"vtrace", "gradients", "resizable-actor"},
+        distribution="impala",
+    )
