@@ -46,8 +46,10 @@ from marl.mappo import (
 class Config:
     """MAPPO settings; each field is a ``--flag`` of ``daskrl train graphs/mappo.py``."""
 
-    env: str = setting("simple_tag, simple_spread (mpe2), or a PettingZoo env module "
-                     "(e.g. mpe2.simple_adversary_v3)", "simple_tag")
+    env: str = setting("simple_tag (batched), an mpe2 task (simple, simple_adversary, "
+                     "simple_crypto, simple_push, simple_reference, simple_speaker_listener, "
+                     "simple_spread, simple_world_comm) or a PettingZoo env module "
+                     "(e.g. mpe2.simple_tag_v3)", "simple_tag")
     num_good: int = setting("simple_tag: good agents (prey)", 1)
     num_adversaries: int = setting("simple_tag: adversaries (predators)", 3)
     num_obstacles: int = setting("simple_tag: obstacles", 2)

@@ -13,7 +13,18 @@ import torch
 
 from .mappo_model import TeamLayout
 
-ALIASES = {"simple_spread": "mpe2.simple_spread_v3"}
+MPE_TASKS = {
+    "simple": "mpe2.simple_v3", "simple_adversary": "mpe2.simple_adversary_v3",
+    "simple_crypto": "mpe2.simple_crypto_v3", "simple_push": "mpe2.simple_push_v3",
+    "simple_reference": "mpe2.simple_reference_v3",
+    "simple_speaker_listener": "mpe2.simple_speaker_listener_v4",
+    "simple_spread": "mpe2.simple_spread_v3", "simple_tag": "mpe2.simple_tag_v3",
+    "simple_world_comm": "mpe2.simple_world_comm_v3",
+}
+"""mpe2's parallel envs by short name (``simple_tag`` itself names the batched
+:class:`~marl.simple_tag.SimpleTag`; ``mpe2.simple_tag_v3`` runs mpe2's through the adapter)."""
+
+ALIASES = {k: v for k, v in MPE_TASKS.items() if k != "simple_tag"}
 """Short env names that resolve to PettingZoo modules (``simple_tag`` is our batched one)."""
 
 @dataclass(frozen=True)
@@ -23,9 +34,10 @@ class EnvSpec:
     Parameters
     ----------
     name : str
-        ``"simple_tag"`` (:class:`marl.simple_tag.SimpleTag`), ``"simple_spread"``
-        (``mpe2.simple_spread_v3``) or the dotted module of any PettingZoo parallel env
-        with a ``parallel_env()`` function (e.g. ``"mpe2.simple_adversary_v3"``).
+        ``"simple_tag"`` (:class:`marl.simple_tag.SimpleTag`), another mpe2 task by its
+        short name (``"simple_spread"``, ``"simple_world_comm"``...: :data:`MPE_TASKS`) or the
+        dotted module of any PettingZoo parallel env with a ``parallel_env()`` function
+        (e.g. ``"mpe2.simple_adversary_v3"``).
     max_cycles : int
         Steps per episode.
     num_good, num_adversaries, num_obstacles, num_agent_neighbors : int
@@ -41,7 +53,7 @@ class EnvSpec:
     >>> EnvSpec("simple_tagg")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: env 'simple_tagg': use simple_tag, simple_spread, or the dotted module of ...
+    ValueError: env 'simple_tagg': use simple_tag, an mpe2 task (simple, ...
     """
 
     name: str = "simple_tag"
@@ -54,8 +66,9 @@ class EnvSpec:
 
     def __post_init__(self) -> None:
         if self.name != "simple_tag" and self.name not in ALIASES and "." not in self.name:
-            raise ValueError(f"env {self.name!r}: use simple_tag, simple_spread, or the dotted "
-                             "module of a PettingZoo parallel env (e.g. mpe2.simple_adversary_v3)")
+            raise ValueError(f"env {self.name!r}: use simple_tag, an mpe2 task "
+                             f"({', '.join(ALIASES)}) or the dotted module of a PettingZoo "
+                             "parallel env (e.g. mpe2.simple_adversary_v3)")
         for field_name in ("max_cycles", "num_good", "num_adversaries", "num_agents"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"{field_name} must be >= 1, got {getattr(self, field_name)}")
