@@ -83,7 +83,13 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
     from daskrl.core.failures import FragmentError, RunStopped
     from daskrl.distributions import get_distribution
     from daskrl.runtime.backend import DaskBackend, SyncBackend
-    from daskrl.runtime.driver import RunSettings, check_distribution, check_settings, train
+    from daskrl.runtime.driver import (
+        RunSettings,
+        check_distribution,
+        check_settings,
+        finished_iterations,
+        train,
+    )
 
     try:
         overrides = parse_role_resources(args.resources)
@@ -112,6 +118,18 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         check_settings(settings)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.report is not None and args.scheduler == "sync":
+        raise UserError(f"--report {args.report}: Dask's performance report records a "
+                        "distributed scheduler's task stream, and --scheduler sync runs without "
+                        "one; drop --report, or leave out --scheduler sync")
+    if settings.resume:
+        done = finished_iterations(out)
+        total = max(1, -(-settings.steps // algo.steps_per_iteration))
+        if done >= total:
+            print(f"daskrl: {out} is already complete: {done} iterations done, --steps "
+                  f"{settings.steps} asks for {total}; pass a larger --steps to train further",
+                  file=sys.stderr)
+            return 0
     cluster = client = None
     try:
         if args.scheduler == "sync":

@@ -50,8 +50,10 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--distribution", default=None,
         help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch "
              f"(default: the graph's own, actors-learner for most); names: {names}")
-    add(train, "train", "--steps", type=int, default=500_000, help="env steps to train for")
-    add(train, "train", "--seed", type=int, default=1, help="run seed")
+    add(train, "train", "--steps", type=int, default=500_000,
+        help="env steps to train for, rounded up to whole iterations (default: %(default)s)")
+    add(train, "train", "--seed", type=int, default=1,
+        help="seeds the learner, every replica's envs and the evaluation (default: %(default)s)")
     add(train, "train", "--workers", type=int, default=None,
         help="worker processes of the embedded cluster (default: as many as the "
              "distribution wants for the graph, at most one per CPU core)")
@@ -70,10 +72,13 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--out", type=Path, default=None,
         help="output folder (default: runs/<graph>-<time>)")
     add(train, "train", "--resume", action="store_true",
-        help="continue from --out's checkpoint")
+        help="continue from --out's newest checkpoint; a larger --steps extends the run, and "
+             "its learning-rate schedule goes on from the value it had reached down to its end "
+             "value at the new last iteration (the schedule is kept in the run's summary.json "
+             "and checkpoints)")
     add(train, "train", "--report", type=Path, default=None, metavar="FILE.html",
         help="save Dask's performance report of the run (task stream, worker profiles, "
-             "bandwidth)")
+             "bandwidth); needs a Dask scheduler, so not with --scheduler sync")
     add(train, "train", "--checkpoint-every", type=int, default=10,
         help="iterations per checkpoint (written at the end of the task that reaches the "
              "count, when short iterations share tasks)")

@@ -135,6 +135,25 @@ def test_resume_continues_the_short_run(short_run):
     assert load_latest(out / "checkpoints")["iteration"] == 10
 
 
+def test_resuming_a_finished_run_says_it_is_complete(short_run):
+    out, first = short_run
+    assert first.returncode == 0, first.stderr
+    before = (out / "metrics.csv").read_text(), (out / "summary.json").read_text()
+    result = daskrl(["train", GRAPH, "--steps", "4000", "--out", str(out), "--no-progress",
+                     "--num-envs", "4", "--resume", "--scheduler", "sync"], out.parent)
+    assert result.returncode == 0, result.stderr
+    assert f"daskrl: {out} is already complete" in result.stderr, result.stderr
+    assert "pass a larger --steps" in result.stderr and result.stdout == ""
+    assert ((out / "metrics.csv").read_text(), (out / "summary.json").read_text()) == before
+
+
+def test_help_shows_the_defaults_of_steps_and_seed(tmp_path):
+    result = daskrl(["train", "--help"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "whole iterations (default: 500000)" in text and "evaluation (default: 1)" in text
+
+
 def test_a_run_takes_at_least_the_steps_asked_for(cluster_tiny_ppo, tmp_path):
     algo = cluster_tiny_ppo(num_actors=1)
     steps = 3 * algo.steps_per_iteration
@@ -163,6 +182,11 @@ BAD = {
                              "expected --num-envs INT"),
     "abbreviated graph flag": (["--num-env", "4"],
                                "unrecognized flag --num-env; did you mean --num-envs?"),
+    "steps not a number": (["--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    "out is a file": (["--out", GRAPH], f"--out {GRAPH}: {GRAPH} is a file, not a folder"),
+    "out under a file": (["--out", f"{GRAPH}/run"], f"{GRAPH} is a file, not a folder"),
+    "report without a scheduler": (["--scheduler", "sync", "--report", "r.html"],
+                                   "--scheduler sync runs without one"),
 }
 XFAIL: dict[str, str] = {}
 

@@ -15,7 +15,7 @@ from daskrl.core.roles import merge_stats
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.observe.plot import read_metrics
-from daskrl.observe.profile import PARTS, breakdown, split, sweep
+from daskrl.observe.profile import PARTS, breakdown, report, split, sweep
 from daskrl.runtime.driver import RunSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,10 +68,17 @@ def test_parts_add_up_to_the_iteration_wall_time_on_a_real_run(tmp_path: Path) -
     ppo = load_graph(str(ROOT / "graphs" / "ppo.py"))
     algo = ppo.build(ppo.Config(num_actors=2, num_envs=4, num_steps=64))
     with local_cluster([{"CPU": 1}, {"CPU": 1}]) as cluster, Client(cluster) as client:
-        train(client, algo, get_distribution("actors-learner"),
-              RunSettings(out=tmp_path, steps=8 * algo.steps_per_iteration, progress=False,
-                          eval=False, tensorboard=False))
+        summary = train(client, algo, get_distribution("actors-learner"),
+                        RunSettings(out=tmp_path, steps=8 * algo.steps_per_iteration,
+                                    progress=False, eval=False, tensorboard=False))
     data = read_metrics(tmp_path)
+    # one definition of the overhead: the summary's share is the profile's transfer + idle
+    # over the iterations' wall time (first left out), which `daskrl profile` prints too
+    n = len(data["iteration_s"])
+    idle = sum(data["time/transfer_s"][i] + data["time/idle_s"][i] for i in range(1, n))
+    wall = sum(data["time/iteration_s"][i] for i in range(1, n))
+    assert summary["dask_overhead_share"] == pytest.approx(idle / wall, rel=1e-6)  # CSV digits
+    assert f"Dask overhead share: {idle / wall:.1%}" in report(tmp_path)
     assert all(col in data for col in PARTS.values())
     # two workers: the second rollout's batch moves to the learner's worker every iteration
     assert max(data["time/transfer_s"]) > 0
@@ -93,7 +100,14 @@ def test_an_expensive_env_is_named_env_bound(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "daskrl.cli", "profile", str(out)],
                           check=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert "bottleneck: env-bound" in done.stdout, done.stdout
-    assert "--num-actors" in done.stdout
+    assert "(--num-actors 2)" in done.stdout and "(--num-envs 8)" in done.stdout  # the values
     parts = breakdown(out)
     parts.pop("iteration")
     assert max(parts, key=lambda k: parts[k]) == "env stepping", parts
+
+
+def test_learner_bound_advice_names_fewer_larger_minibatches() -> None:
+    from daskrl.observe.profile import bottleneck
+
+    text = bottleneck({"learning": 1.0, "env stepping": 0.1}, {"num_minibatches": 8})
+    assert text.startswith("learner-bound: fewer, larger minibatches (--num-minibatches 4")

@@ -48,19 +48,103 @@ LEGACY_PARTS = {
 }
 """The parts of runs written before the task-stream columns (tasks' own clocks)."""
 
-ADVICE = {
-    "env": "env-bound: add rollout replicas (--num-actors) or envs per replica (--num-envs), "
-           "or more workers",
-    "inference": "inference-bound: batch more envs per forward pass (--num-envs), or serve "
-                 "the policy from a GPU (--distribution central-inference --resources "
-                 "learner=GPU:1)",
-    "learn": "learner-bound: give the learner a GPU (--resources learner=GPU:1), use larger "
-             "minibatches (--num-minibatches), or the data-parallel distribution",
-    "transfer": "transfer-bound: move less between workers per iteration: fewer, larger "
-                "workers (--workers), or everything on one worker (--distribution single)",
-    "overhead": "overhead-bound: put more work in each task (--num-steps, --num-envs) so "
-                "Dask's per-task cost is amortised",
-}
+OVERHEAD_PARTS = ("time/transfer_s", "time/idle_s")
+"""The parts in which no fragment computes: what Dask (and the driver) cost the run."""
+
+
+def overhead_seconds(row: Mapping[str, Any]) -> tuple[float, float]:
+    """``(wall, overhead)`` seconds of one metrics row: its iteration's wall time, and the
+    part of it in which no fragment computed (data transfer, scheduler and idle).
+
+    This is the one definition behind ``summary.json``'s ``dask_overhead_share`` and the
+    share ``daskrl profile`` prints: the share of wall time not spent computing fragments
+    on the iteration's path, from the learner task's end to the next one's. Rows written
+    without the task-stream parts fall back to the tasks' own clocks (``overhead_s``).
+
+    Examples
+    --------
+    >>> overhead_seconds({"time/iteration_s": 2.0, "time/transfer_s": 0.5,
+    ...                   "time/idle_s": 0.25, "overhead_s": 0.01})
+    (2.0, 0.75)
+    >>> overhead_seconds({"iteration_s": 1.0, "overhead_s": 0.25})
+    (1.0, 0.25)
+    """
+    if any(not math.isnan(finite_or_nan(row.get(c))) for c in OVERHEAD_PARTS):
+        wall = finite(row.get("time/iteration_s", row.get("iteration_s")))
+        return wall, sum(finite(row.get(c)) for c in OVERHEAD_PARTS)
+    return finite(row.get("iteration_s")), max(0.0, finite(row.get("overhead_s")))
+
+
+def overhead_share(rows: list[Mapping[str, Any]]) -> float:
+    """Summed overhead over summed wall time of ``rows`` (see :func:`overhead_seconds`);
+    NaN without wall time.
+
+    Examples
+    --------
+    >>> overhead_share([{"iteration_s": 1.0, "overhead_s": 0.5},
+    ...                 {"iteration_s": 3.0, "overhead_s": 0.5}])
+    0.25
+    """
+    pairs = [overhead_seconds(r) for r in rows]
+    wall = sum(w for w, _ in pairs)
+    return sum(o for _, o in pairs) / wall if wall > 0 else float("nan")
+
+
+def finite_or_nan(value: Any) -> float:
+    """``value`` as a float, NaN when it is missing or not a number.
+
+    Examples
+    --------
+    >>> finite_or_nan("1.5"), finite_or_nan(None)
+    (1.5, nan)
+    """
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def advice(kind: str, config: Mapping[str, Any] | None = None) -> str:
+    """What to change for a ``kind``-bound run, naming the values to set from the run's
+    graph ``config`` (``summary.json``'s) when it has the setting.
+
+    Examples
+    --------
+    >>> advice("learn", {"num_minibatches": 8, "num_envs": 8, "num_steps": 128})[:80]
+    'learner-bound: fewer, larger minibatches (--num-minibatches 4: half as many grad'
+    >>> advice("overhead", {})[:72]
+    'overhead-bound: put more work in each task (e.g. double --num-steps and '
+    """
+    cfg = dict(config or {})
+
+    def doubled(name: str) -> str:
+        flag = "--" + name.replace("_", "-")
+        value = cfg.get(name)
+        return f"{flag} {value * 2}" if isinstance(value, int) and value > 0 else (
+            f"double {flag}")
+
+    if kind == "env":
+        return (f"env-bound: add rollout replicas ({doubled('num_actors')}) or envs per "
+                f"replica ({doubled('num_envs')}), with a worker per replica (--workers)")
+    if kind == "inference":
+        return (f"inference-bound: batch more envs per forward pass ({doubled('num_envs')}), "
+                "or serve the policy from a GPU (--distribution central-inference "
+                "--resources learner=GPU:1)")
+    if kind == "learn":
+        mb = cfg.get("num_minibatches")
+        fewer = (f"--num-minibatches {max(1, mb // 2)}" if isinstance(mb, int) and mb > 1
+                 else "halve --num-minibatches")
+        return (f"learner-bound: fewer, larger minibatches ({fewer}: half as many gradient "
+                "steps, each on twice the data), give the learner a GPU (--resources "
+                "learner=GPU:1), or the data-parallel distribution")
+    if kind == "transfer":
+        return ("transfer-bound: move less between workers per iteration: fewer, larger "
+                "workers (--workers 1), or everything on one worker (--distribution single)")
+    steps = doubled("num_steps")
+    steps = f"e.g. {steps}" if steps.startswith("double") else steps
+    return (f"overhead-bound: put more work in each task ({steps} and "
+            f"{doubled('num_envs')}) so Dask's per-task cost is amortised")
+
 
 _TRANSFER_ACTIONS = ("transfer", "deserialize", "disk-read", "disk-write")
 
@@ -287,14 +371,15 @@ def breakdown(run_dir: Path, skip: int = 1) -> dict[str, float]:
     return out
 
 
-def bottleneck(parts: Mapping[str, float]) -> str:
-    """The advice for the largest part (rollout bookkeeping counts with the envs: more
-    replicas share it too).
+def bottleneck(parts: Mapping[str, float], config: Mapping[str, Any] | None = None) -> str:
+    """The :func:`advice` for the largest part (rollout bookkeeping counts with the envs:
+    more replicas share it too).
 
     Examples
     --------
-    >>> bottleneck({"env stepping": 0.5, "learning": 0.2, "scheduler and idle": 0.1})[:10]
-    'env-bound:'
+    >>> bottleneck({"env stepping": 0.5, "learning": 0.2, "scheduler and idle": 0.1},
+    ...            {"num_actors": 1, "num_envs": 8})[:72]
+    'env-bound: add rollout replicas (--num-actors 2) or envs per replica (--'
     """
     get = parts.get
     scores = {
@@ -305,11 +390,12 @@ def bottleneck(parts: Mapping[str, float]) -> str:
         "transfer": get("data transfer", 0.0),
         "overhead": get("scheduler and idle", get("scheduler, transfer and idle", 0.0)),
     }
-    return ADVICE[max(scores, key=lambda k: scores[k])]
+    return advice(max(scores, key=lambda k: scores[k]), config)
 
 
 def report(run_dir: Path) -> str:
-    """A printable breakdown with shares of the iteration time and the bottleneck.
+    """A printable breakdown with shares of the iteration time, the Dask overhead share
+    (:func:`overhead_seconds`, as in ``summary.json``) and the bottleneck.
 
     Examples
     --------
@@ -321,7 +407,8 @@ def report(run_dir: Path) -> str:
     mean iteration: 500.0 ms (parts add up to 100.0%)
       env stepping                      375.0 ms   75.0%
       learning                          125.0 ms   25.0%
-    bottleneck: env-bound: add rollout replicas (--num-actors) ...
+    Dask overhead share: 0.0% of wall time (transfer, scheduler and idle; ...)
+    bottleneck: env-bound: add rollout replicas (double --num-actors) ...
     """
     parts = breakdown(run_dir)
     total = parts.pop("iteration")
@@ -330,5 +417,26 @@ def report(run_dir: Path) -> str:
     for label, value in parts.items():
         share = value / total if total > 0 else float("nan")
         lines.append(f"  {label:<30} {value * 1e3:8.1f} ms  {share:6.1%}")
-    lines.append(f"bottleneck: {bottleneck(parts)}")
+    rows = _rows(run_dir)[1:]  # the first pays for worker start-up, as in the summary
+    lines.append(f"Dask overhead share: {overhead_share(rows):.1%} of wall time (transfer, "
+                 "scheduler and idle; summary.json's dask_overhead_share)")
+    lines.append(f"bottleneck: {bottleneck(parts, _config(run_dir))}")
     return "\n".join(lines)
+
+
+def _rows(run_dir: Path) -> list[dict[str, float]]:
+    """``metrics.csv``'s rows as column -> number."""
+    data = read_metrics(run_dir)
+    n = len(next(iter(data.values()))) if data else 0
+    return [{k: v[i] for k, v in data.items()} for i in range(n)]
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    """The graph config in ``run_dir/summary.json`` (empty while the run is going)."""
+    import json
+
+    path = run_dir / "summary.json"
+    try:
+        return dict(json.loads(path.read_text()).get("config") or {})
+    except (OSError, ValueError):
+        return {}

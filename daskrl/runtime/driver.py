@@ -24,13 +24,14 @@ from daskrl.distributions import Distribution, IterationInputs
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.profile import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
-from daskrl.runtime.checkpoint import load_for_resume
+from daskrl.runtime.checkpoint import load_for_resume, load_latest
 from daskrl.runtime.memory import check_memory
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.run_loop import Attempt, RunLoop, place
 from daskrl.runtime.settings import RunSettings, check_settings
 
-__all__ = ["RunSettings", "check_settings", "initial_output", "place", "train"]
+__all__ = ["RunSettings", "check_settings", "finished_iterations", "initial_output", "place",
+           "train"]
 
 
 def check_distribution(distribution: Distribution, algo: Algorithm, deterministic: bool = False
@@ -53,6 +54,19 @@ def check_distribution(distribution: Distribution, algo: Algorithm, deterministi
     if deterministic and not distribution.deterministic:
         raise ValueError(f"--deterministic: the {distribution.name!r} distribution's results "
                          "depend on the order its tasks finish; choose a synchronous distribution")
+
+
+def finished_iterations(out: Path) -> int:
+    """Iterations done by the run in ``out``: its newest checkpoint's (0 without one).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> finished_iterations(Path(tempfile.mkdtemp()))
+    0
+    """
+    ckpt = load_latest(out / "checkpoints")
+    return 0 if ckpt is None else int(ckpt["iteration"])
 
 
 def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutput, int, dict]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from daskrl.core.algorithm import LearnerOutput
 from daskrl.observe.metrics import MetricsWriter
-from daskrl.observe.profile import Timeline, finite
+from daskrl.observe.profile import Timeline, finite, overhead_seconds
 
 
 class Recorder:
@@ -76,7 +76,11 @@ class Recorder:
                 for r in rows:
                     share = r["iteration_s"] / total if total > 0 else 1 / len(rows)
                     r.update({key: v * share for key, v in parts.items()})
-        for row in rows:
+        for j, row in enumerate(rows):
+            if it + j > self.start:  # the first iteration also pays for worker start-up
+                wall, overhead = overhead_seconds(row)
+                self.iteration_sum += wall
+                self.overhead_sum += overhead
             self.writer.write(row)
         if self.bar is not None:
             m = output.metrics
@@ -94,9 +98,6 @@ class Recorder:
         iter_s = end - begin
         inside = m.get("rollout_s", 0.0) + end - m.get("learn_t_start", end)
         self.last_end = end
-        if it > self.start:  # the first iteration also pays for worker start-up
-            self.iteration_sum += max(0.0, iter_s)
-            self.overhead_sum += max(0.0, iter_s - inside)
         row = {key: v for key, v in m.items() if not key.endswith(("_t_start", "_t_end"))}
         row["iteration_env_steps"] = row.pop("env_steps", 0)
         row.update(iteration=it + 1, env_steps=self.env_steps, wall_s=wall,
@@ -109,8 +110,9 @@ class Recorder:
         return row
 
     def overhead_share(self) -> float:
-        """Time outside the fragments over the iterations' wall time, all iterations after
-        the first (NaN before any)."""
+        """``summary.json``'s ``dask_overhead_share``: the share of wall time in which no
+        fragment computed (:func:`~daskrl.observe.profile.overhead_seconds`, the definition
+        ``daskrl profile`` prints), all iterations after the first (NaN before any)."""
         if self.iteration_sum <= 0:
             return float("nan")
         return self.overhead_sum / self.iteration_sum

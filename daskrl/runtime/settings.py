@@ -35,7 +35,17 @@ class RunSettings:
     iterations in one task (``iterations_per_task``): short iterations are grouped so that
     Dask's per-task cost is paid once per group. 0 keeps one iteration per task."""
     max_recoveries: int = 3
-    """Lost workers survived before the run stops."""
+    """Lost workers (and hung tasks) survived before the run stops."""
+    task_timeout: float | None = None
+    """Seconds a fragment task may run (or its worker stay silent) before the watchdog
+    reports it with its stack and restarts the worker; None: max(10 x the median of the
+    role's recent task durations, 60 s). Off under ``--scheduler sync``."""
+    eval_every: int = 0
+    """Evaluate the policy every this many iterations in a task of its own (0: never);
+    the best one is kept as ``checkpoints/best.pt``."""
+    max_restarts: int = 0
+    """Times the embedded cluster is started again from the last checkpoint when its
+    scheduler or every worker dies."""
     replan_timeout: float = 30.0
     """Seconds to wait for workers that can host the fragments again after a loss."""
     tensorboard: bool = True
@@ -69,6 +79,14 @@ def check_settings(settings: RunSettings) -> None:
         raise ValueError(f"--steps must be >= 1, got {settings.steps}")
     if settings.env_retries < 0:
         raise ValueError(f"--env-retries must be >= 0, got {settings.env_retries}")
+    if settings.task_timeout is not None and not settings.task_timeout > 0:
+        raise ValueError(f"--task-timeout must be > 0 seconds, got {settings.task_timeout}")
+    for flag, value in (("--eval-every", settings.eval_every),
+                        ("--max-restarts", settings.max_restarts),
+                        ("--max-recoveries", settings.max_recoveries)):
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0, got {value}")
+    check_out(settings.out)
     has_ckpt = bool(list_checkpoints(settings.out / "checkpoints"))
     if settings.resume and not has_ckpt:
         raise ValueError(f"--resume: no checkpoints under {settings.out}; pass the --out of an "
@@ -76,3 +94,22 @@ def check_settings(settings: RunSettings) -> None:
     if not settings.resume and has_ckpt:
         raise ValueError(f"{settings.out} already holds checkpoints of an earlier run: pass "
                          "--resume to continue it, or choose another --out")
+
+
+def check_out(out: Path) -> None:
+    """Refuse an output folder that names a regular file, or lies under one (making it would
+    fail only after the cluster started).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> file = Path(tempfile.mkdtemp()) / "notes.txt"; _ = file.write_text("x")
+    >>> check_out(file / "run")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --out .../notes.txt/run: .../notes.txt is a file, not a folder; choose another --out
+    """
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--out {out}: {path} is a file, not a folder; choose another "
+                             "--out")
