@@ -286,7 +286,25 @@ def scheduler_workers(client: Client, timeout: float = 30) -> dict[str, dict[str
                        callback_timeout=timeout)["workers"]
 
 
+def worker_id(name: Any, address: str) -> str:
+    """How daskrl names a worker: its Dask name when that is a string, else its address.
+
+    Dask resolves a name in a task's ``workers=`` restriction, or in ``scatter``, only as
+    the very object the worker registered: a ``LocalCluster`` names its workers ``0, 1, ...``,
+    and ``"0"`` would be taken for a host name (a task restricted to it never runs, a
+    scatter to it fails). String names, which ``dask worker --name`` and batch jobs give,
+    survive a restart; addresses are what every worker has (``dask worker --nworkers N``
+    without ``--name`` names them so).
+
+    Examples
+    --------
+    >>> worker_id("w0", "tcp://127.0.0.1:40001"), worker_id(0, "tcp://127.0.0.1:40002")
+    ('w0', 'tcp://127.0.0.1:40002')
+    """
+    return name if isinstance(name, str) else address
+
+
 def worker_resources(client: Client) -> dict[str, dict[str, float]]:
-    """Worker name -> advertised resources, as the scheduler sees them now."""
-    return {str(w["name"]): dict(w.get("resources") or {})
-            for w in scheduler_workers(client).values()}
+    """Worker (:func:`worker_id`) -> advertised resources, as the scheduler sees them now."""
+    return {worker_id(w["name"], addr): dict(w.get("resources") or {})
+            for addr, w in scheduler_workers(client).items()}

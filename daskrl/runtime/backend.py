@@ -17,7 +17,7 @@ from dask.delayed import Delayed
 from distributed import Client, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskrl.cluster.local import scheduler_workers, worker_resources
+from daskrl.cluster.local import scheduler_workers, worker_id, worker_resources
 from daskrl.compat import graph_annotations
 from daskrl.core.fragment import Fragment
 from daskrl.core.worker_state import register as register_resident_state
@@ -209,7 +209,7 @@ class DaskBackend:
         """Worker name -> address, as the scheduler sees them now."""
         with self._asking_scheduler():
             info = scheduler_workers(self.client)
-        return {str(w["name"]): addr for addr, w in info.items()}
+        return {worker_id(w["name"], addr): addr for addr, w in info.items()}
 
     def done(self, handle: Handle, timeout: float) -> bool:
         """``distributed.wait`` with a timeout."""
@@ -246,8 +246,8 @@ class DaskBackend:
 
     def memory_limits(self) -> dict[str, int | None]:
         """Each worker's ``memory_limit`` as the scheduler sees it (0 is no limit)."""
-        return {str(w["name"]): int(w.get("memory_limit") or 0) or None
-                for w in scheduler_workers(self.client).values()}
+        return {worker_id(w["name"], addr): int(w.get("memory_limit") or 0) or None
+                for addr, w in scheduler_workers(self.client).items()}
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """The scheduler's task-stream records (start/stop of each task's compute and
