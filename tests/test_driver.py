@@ -120,6 +120,7 @@ class FakeBackend:
     """
 
     name = "fake"
+    watched = False  # every graph runs in this process: no watchdog
 
     def __init__(self, names: tuple[str, ...] = ("a",), lose_at: tuple[int, ...] = (),
                  lose_always: bool = False,

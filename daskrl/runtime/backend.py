@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import dask
@@ -77,6 +79,35 @@ class Backend(Protocol):
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """Dask's task-stream records after cursor ``since``, and the next cursor."""
+
+    watched: bool
+    """Whether tasks run where a watchdog can see and stop them (not in this process)."""
+
+    def activity(self) -> Activity:
+        """The tasks executing now, how long each worker has been silent, recent durations."""
+
+    def call_stack(self, key: str, timeout: float) -> list[str] | None:
+        """Where the running task ``key`` is, as its worker shows it: one text per frame,
+        outermost first (None: no answer)."""
+
+    def restart_worker(self, name: str, timeout: float) -> str:
+        """Stop worker ``name`` (its nanny starts it again; without one it is removed)."""
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What the scheduler knows of running tasks and live workers, at one moment.
+
+    Durations come from the workers' heartbeats, so a task on a worker that stopped
+    answering keeps growing: the time since its last heartbeat is added.
+    """
+
+    running: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Task key -> (worker name, seconds it has been executing)."""
+    silent: dict[str, float] = field(default_factory=dict)
+    """Worker name -> seconds since the scheduler last heard from it."""
+    durations: dict[str, list[float]] = field(default_factory=dict)
+    """Role (a key's first word) -> compute seconds of its recently finished tasks."""
 
 
 MEMBERSHIP_TOPIC = "daskrl-membership"
@@ -150,6 +181,60 @@ class MembershipPlugin(SchedulerPlugin):
         scheduler.log_event(MEMBERSHIP_TOPIC, {"action": "remove-worker", "worker": worker})
 
 
+class TaskClock(SchedulerPlugin):
+    """Keeps the compute time of the last tasks of each role, for the watchdog's bound.
+
+    The scheduler calls :meth:`transition` for every task; a finished one carries its
+    ``startstops`` (the same records as Dask's task stream).
+    """
+
+    name = "daskrl-task-clock"
+    idempotent = True
+    keep = 32
+
+    def __init__(self) -> None:
+        self.recent: dict[str, deque[float]] = {}
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Record a finished task's compute time under its role."""
+        if start != "processing" or finish != "memory":
+            return
+        for ss in kwargs.get("startstops") or ():
+            if ss.get("action") == "compute":
+                role = str(key).split("-", 1)[0]
+                self.recent.setdefault(role, deque(maxlen=self.keep)).append(
+                    ss["stop"] - ss["start"])
+
+
+def _scheduler_activity(dask_scheduler: Any) -> Activity:
+    """:class:`Activity` as the scheduler sees it (runs on the scheduler)."""
+    now = time.time()
+    running: dict[str, tuple[str, float]] = {}
+    silent: dict[str, float] = {}
+    for addr, ws in dask_scheduler.workers.items():
+        quiet = max(0.0, now - ws.last_seen)
+        name = worker_id(ws.name, addr)
+        silent[name] = quiet
+        for ts, seconds in ws.executing.items():
+            running[str(ts.key)] = (name, seconds + quiet)
+    clock = dask_scheduler.plugins.get(TaskClock.name)
+    durations = {role: list(d) for role, d in clock.recent.items()} if clock else {}
+    return Activity(running, silent, durations)
+
+
+async def _scheduler_restart(dask_scheduler: Any, name: str, timeout: float) -> str:
+    """Restart (nanny) or remove (no nanny) worker ``name`` without waiting for it to
+    answer: a worker that stopped answering cannot be retired gracefully."""
+    addrs = [addr for addr, ws in dask_scheduler.workers.items()
+             if worker_id(ws.name, addr) == name]
+    if not addrs:
+        return "gone"
+    out = await dask_scheduler.restart_workers(
+        addrs, timeout=timeout, wait_for_workers=False, on_error="return",
+        stimulus_id=f"daskrl-watchdog-{time.time()}")
+    return str(out.get(addrs[0], "restarted"))
+
+
 class DaskBackend:
     """A ``distributed.Client``: tasks run on the cluster's workers.
 
@@ -166,6 +251,7 @@ class DaskBackend:
         client.subscribe_topic(MEMBERSHIP_TOPIC, self.membership.on_event)
         with self._asking_scheduler():
             client.register_plugin(MembershipPlugin())
+            client.register_plugin(TaskClock())
             self._await_subscription()
             register_resident_state(client)  # once per cluster: a no-op when it has it
 
@@ -259,6 +345,31 @@ class DaskBackend:
         records = client.sync(client.scheduler.get_task_stream, start_index=since,
                               callback_timeout=30)
         return since + len(records), records
+
+    watched = True
+
+    def activity(self) -> Activity:
+        """Running tasks and silent workers, from the scheduler (one question)."""
+        with self._asking_scheduler():
+            return self.client.run_on_scheduler(_scheduler_activity)
+
+    def call_stack(self, key: str, timeout: float) -> list[str] | None:
+        """``Client.call_stack`` for one key, bounded: a frozen worker never answers."""
+        try:
+            with self._asking_scheduler():
+                found = self.client.sync(self.client.scheduler.call_stack, keys=[key],
+                                         callback_timeout=timeout)
+        except (TimeoutError, ConnectionError):
+            return None
+        for stacks in (found or {}).values():
+            if key in stacks:
+                return [str(frame) for frame in stacks[key]]
+        return None
+
+    def restart_worker(self, name: str, timeout: float) -> str:
+        """Restart ``name`` through its nanny, or remove it from the scheduler."""
+        with self._asking_scheduler():
+            return self.client.run_on_scheduler(_scheduler_restart, name=name, timeout=timeout)
 
     def check_annotations(self, graph: Delayed) -> None:
         """Compare the scheduler's resource restrictions with the graph's annotations.
@@ -384,6 +495,20 @@ class SyncBackend:
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """No task stream: nothing is scheduled."""
         return 0, []
+
+    watched = False  # every task runs in this thread: nothing could stop one
+
+    def activity(self) -> Activity:
+        """Nothing runs in the background."""
+        return Activity()
+
+    def call_stack(self, key: str, timeout: float) -> list[str] | None:
+        """No task runs while the driver asks."""
+        return None
+
+    def restart_worker(self, name: str, timeout: float) -> str:
+        """This process is the only worker: it is not restarted."""
+        raise RuntimeError("the synchronous scheduler has no worker to restart")
 
     def check_annotations(self, graph: Delayed) -> None:
         """Nothing to check: no scheduler places tasks."""

@@ -36,22 +36,27 @@ from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerErro
 
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, LearnerOutput
-from daskrl.core.failures import PeerLost
+from daskrl.core.failures import PeerLost, RunStopped
 from daskrl.core.fragment import Fragment
 from daskrl.core.placement import Placement, plan_placement
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.runtime.backend import Backend, Handle
-from daskrl.runtime.checkpoint import save_checkpoint
+from daskrl.runtime.checkpoint import list_checkpoints, save_checkpoint
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.settings import RunSettings
+from daskrl.runtime.watchdog import Watchdog
 
 
 class WorkersLost(RuntimeError):
     """A worker that replicas are pinned to has left the cluster."""
 
 
+class WorkerHung(RuntimeError):
+    """The watchdog found a task past its bound or a silent worker, and restarted it."""
+
+
 _LOST = (CancelledError, FutureCancelledError, KilledWorker, NoValidWorkerError, NoWorkerError,
-         PeerLost, WorkersLost)
+         PeerLost, WorkersLost, WorkerHung)
 """What a lost worker looks like to the driver: the iteration is submitted again."""
 
 
@@ -122,7 +127,8 @@ class Attempt:
         """Pin ``placement``'s workers as they are now, under a new run id."""
         since = backend.membership.cursor()  # before the snapshot: no departure slips by
         now = backend.identities()
-        names = {name for names in placement.workers.values() for name in names}
+        names = {name for role, names in placement.workers.items()
+                 if role not in distribution.replaceable for name in names}
         cap = 1
         if settings.task_s > 0:
             probe = IterationInputs(algo, placement, "", settings.seed, 0, 1, None,
@@ -208,6 +214,7 @@ class RunLoop:
         self.unchecked: Delayed | None = None  # the first graph, whose annotations must hold
         self.recoveries = 0
         self.lost: BaseException | None = None  # why the head of the window was lost
+        self.watchdog = Watchdog(backend, settings.task_timeout)
 
     def run(self) -> LearnerOutput:
         """Step until every iteration is recorded; return the last output."""
@@ -294,10 +301,13 @@ class RunLoop:
         gone = self.attempt.lost_workers(self.backend)
         if gone:
             raise WorkersLost(f"worker(s) {', '.join(gone)} left the cluster")
+        hangs = self.watchdog.check(self.attempts(), self.attempt.pins)
+        if hangs:
+            raise WorkerHung(self.watchdog.handle(hangs))
 
     def _record(self, done: InFlight, output: LearnerOutput) -> None:
         """Record a finished graph's iterations; checkpoint when one is due."""
-        _check_finite(done.first, output, self.settings.out)
+        _check_finite(done.first, output, self.settings.out, self.last_done)
         self.last_done = output
         self.size.observe(self.recorder.record(done.first, output))
         every = self.settings.checkpoint_every
@@ -311,9 +321,11 @@ class RunLoop:
         lost_at = self.inflight[0].first
         self.recoveries += 1
         if self.recoveries > self.settings.max_recoveries:
-            raise RuntimeError(
-                f"iteration {lost_at + 1} was lost {self.recoveries} times ({self.lost}); "
-                "giving up - check the workers' logs") from self.lost
+            raise RunStopped(
+                f"iteration {lost_at + 1} was lost {self.recoveries} times (last: {self.lost}); "
+                f"giving up after --max-recoveries {self.settings.max_recoveries} - "
+                f"{kept_checkpoint(self.settings.out, self.last_done)}; check the workers' logs"
+            ) from self.lost
         print(f"daskrl: iteration {lost_at + 1} lost ({self.lost}); placing the fragments "
               "again and resubmitting from the last finished iteration", file=sys.stderr)
         self.release()
@@ -364,7 +376,26 @@ class RunLoop:
         return [*self.earlier, self.attempt.run]
 
 
-def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:
+def kept_checkpoint(out: Path, last_done: LearnerOutput) -> str:
+    """What a stopped run keeps, truly: the last finished iteration (checkpointed on the
+    way out), an earlier checkpoint, or nothing.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> kept_checkpoint(Path(tempfile.mkdtemp()), LearnerOutput(0, {}, {}, {}))
+    'no iteration finished, so no checkpoint was written'
+    """
+    if last_done.metrics:
+        return (f"iteration {last_done.version} is checkpointed in "
+                f"{out / 'checkpoints'}; continue with --resume")
+    found = list_checkpoints(out / "checkpoints")
+    if found:
+        return f"the last checkpoint is {found[-1]}; continue with --resume"
+    return "no iteration finished, so no checkpoint was written"
+
+
+def _check_finite(it: int, output: LearnerOutput, out: Path, last_done: LearnerOutput) -> None:
     """Stop on a NaN/inf loss before it reaches a checkpoint."""
     for j, metrics in enumerate([*output.history, output.metrics]):
         bad = {k: v for k, v in metrics.items()
@@ -372,8 +403,8 @@ def _check_finite(it: int, output: LearnerOutput, out: Path) -> None:
                and k != "losses/explained_variance"}
         if bad:
             raise FloatingPointError(
-                f"iteration {it + j + 1}: non-finite loss {bad}; training stopped and the last "
-                f"good checkpoint is kept in {out / 'checkpoints'} - lower --learning-rate or "
+                f"iteration {it + j + 1}: non-finite loss {bad}; training stopped - "
+                f"{kept_checkpoint(out, last_done)} - lower --learning-rate or "
                 "--max-grad-norm, or check the env's rewards for NaN/inf")
 
 
