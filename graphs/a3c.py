@@ -14,14 +14,16 @@ from functools import partial
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
 from daskrl.algos.actor_critic import evaluate_policy, policy_module
-from daskrl.core.envs import make_vector_env, space_dims
+from daskrl.algos.networks import actor_critic_for
+from daskrl.core.envs import env_spaces
 
 
 @dataclass
 class Config:
     """A3C settings; each field is a ``--flag`` of ``daskrl train graphs/a3c.py``."""
 
-    env: str = setting("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    env: str = setting("gymnasium env id (discrete or Box actions, flat observations)",
+                       "CartPole-v1")
     num_actors: int = setting("gradient actors (each with its own envs)", 2)
     num_envs: int = setting("envs per actor", 8)
     rollout_steps: int = setting("steps per env behind each gradient (n-step returns)", 8)
@@ -53,11 +55,11 @@ def make_actor(config: Config, seed: int) -> A2CActor:
                          config.gae_lambda, rollout_steps=config.rollout_steps, hp=config.hyper())
 
 
-def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
-                 ) -> A2CLearner:
-    """Role ``learner``: the network and optimiser, on ``device``."""
-    return A2CLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(), device,
-                      compile=config.compile)
+def make_learner(config: Config, spaces: tuple, seed: int, device: str) -> A2CLearner:
+    """Role ``learner``: the network (the head for ``spaces``) and optimiser, on ``device``."""
+    network = partial(actor_critic_for, *spaces, (config.hidden,) * 2)
+    return A2CLearner(0, 0, seed, (config.hidden,) * 2, config.hyper(), device,
+                      compile=config.compile, network=network)
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
@@ -71,13 +73,12 @@ def build(config: Config) -> Algorithm:
     if config.num_steps % config.rollout_steps:
         raise ValueError(f"--num-steps {config.num_steps} must be a multiple of "
                          f"--rollout-steps {config.rollout_steps}")
-    probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
-    obs_dim, num_actions = space_dims(probe)
-    probe.close()
+    spaces = env_spaces(config.env)  # checks the env id and reads its spaces
+    actor_critic_for(*spaces)  # refuses spaces no head serves, in one line
     return Algorithm(
         name="a3c",
         make_actor=partial(make_actor, config),
-        make_learner=partial(make_learner, config, obs_dim, num_actions),
+        make_learner=partial(make_learner, config, spaces),
         evaluate=partial(evaluate, config),
         make_policy=partial(policy_module, config.env, (config.hidden,) * 2),
         num_steps=config.num_steps,

@@ -10,16 +10,16 @@ gradients with the same function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from daskrl.algos import losses
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, compiled
-from daskrl.algos.networks import DiscreteActorCritic
 from daskrl.algos.ppo import PPOHyper
 
 
@@ -41,11 +41,12 @@ class A2CHyper:
     """Normalise advantages per batch."""
 
 
-def a2c_loss(net: DiscreteActorCritic, mb: Minibatch, hp: A2CHyper) -> tuple[Tensor, Tensor]:
+def a2c_loss(net: nn.Module, mb: Minibatch, hp: A2CHyper) -> tuple[Tensor, Tensor]:
     """:func:`daskrl.algos.losses.a2c_loss` of ``net`` on one batch of tensors.
 
     Examples
     --------
+    >>> from daskrl.algos.networks import DiscreteActorCritic
     >>> net = DiscreteActorCritic(4, 2)
     >>> mb = {"obs": torch.zeros(3, 4), "actions": torch.zeros(3, dtype=torch.long),
     ...       "advantages": torch.ones(3), "returns": torch.ones(3)}
@@ -64,6 +65,7 @@ def a2c_gradients(loss: Any, params: list[Tensor], mb: Minibatch
 
     Examples
     --------
+    >>> from daskrl.algos.networks import DiscreteActorCritic
     >>> net = DiscreteActorCritic(4, 2)
     >>> mb = {"obs": torch.zeros(3, 4), "actions": torch.zeros(3, dtype=torch.long),
     ...       "advantages": torch.ones(3), "returns": torch.ones(3)}
@@ -129,12 +131,13 @@ class A2CLearner(ActorCriticLearner):
 
     def __init__(self, obs_dim: int, num_actions: int, seed: int,
                  hidden: tuple[int, ...] = (64, 64), hp: A2CHyper | None = None,
-                 device: str = "cpu", compile: bool = False) -> None:
+                 device: str = "cpu", compile: bool = False,
+                 network: Callable[[], nn.Module] | None = None) -> None:
         self.a2c = hp or A2CHyper()
         base = PPOHyper(learning_rate=self.a2c.learning_rate, anneal_lr=self.a2c.anneal_lr,
                         max_grad_norm=self.a2c.max_grad_norm, update_epochs=1,
                         num_minibatches=1)
-        super().__init__(obs_dim, num_actions, seed, hidden, base, device)
+        super().__init__(obs_dim, num_actions, seed, hidden, base, device, network=network)
         self.parts = losses.A2C_PARTS
         self.loss = compiled(self._loss) if compile else self._loss
 
@@ -145,6 +148,7 @@ class A2CLearner(ActorCriticLearner):
                     statistics: Tensor | None = None) -> list[Minibatch]:
         """Synchronous A2C: one step on the concatenated batches, in rollout order."""
         self.schedule(progress)
+        self._merge_later(batches, statistics)
         self._data = batch_tensors(batches, self.device)
         return [self._data]
 

@@ -1,4 +1,4 @@
-"""Actor and learner for discrete actor-critic methods on gymnasium vector envs.
+"""Actor and learner for actor-critic methods on vector envs (gymnasium's or EnvPool's).
 
 An actor is two halves that distributions may place apart: an :class:`EnvRunner` (the
 vector env and its episode bookkeeping; role ``env``) and a :class:`RolloutRecorder` (the
@@ -6,6 +6,12 @@ policy copy, the rollout buffers and GAE; role ``inference``). :class:`VecEnvAct
 both in one loop (``actors-learner``, ``single``, ``data-parallel``); ``central-inference``
 steps runners on CPU workers and feeds a recorder on the learner's worker. The learner,
 :class:`~daskrl.algos.learner.ActorCriticLearner`, is importable from here too.
+
+The network is chosen from the env's spaces (:func:`~daskrl.algos.networks.actor_critic_for`).
+Observations are stored in the env's dtype when it is uint8 (Atari frames travel 4x smaller
+than float32), else as float32. With running statistics (:mod:`daskrl.algos.normalize`) the
+recorder scales rewards by the return statistics that came with the weights and returns the
+moments of the observations and returns it saw (``batch["moments"]``) for the learner to merge.
 """
 
 from __future__ import annotations
@@ -13,16 +19,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
 from daskrl.algos.gae import gae
 from daskrl.algos.learner import ActorCriticLearner
-from daskrl.algos.networks import DiscreteActorCritic
-from daskrl.core.envs import EnvStep, make_vector_env, space_dims
+from daskrl.algos.networks import DiscreteActorCritic, actor_critic_for
+from daskrl.algos.normalize import Moments, Normalization
+from daskrl.core.envs import Backend, EnvStep, env_spaces, make_vector_env
 
-__all__ = ["ActorCriticLearner", "EnvRunner", "EnvStep", "RolloutRecorder", "VecEnvActor",
-           "burn_cpu", "evaluate_policy", "policy_module"]
+__all__ = ["ActorCriticLearner", "DiscreteActorCritic", "EnvRunner", "EnvStep", "RolloutRecorder",
+           "VecEnvActor", "burn_cpu", "evaluate_policy", "policy_module", "spaces_of"]
 
 
 def burn_cpu(seconds: float) -> None:
@@ -52,6 +61,10 @@ class EnvRunner:
         Seeds the envs.
     step_cost : float
         Extra CPU seconds burnt per env per step (models an expensive simulator).
+    backend : {"gymnasium", "envpool"}
+        Who steps the envs (:func:`~daskrl.core.envs.make_vector_env`).
+
+    Box actions are clipped to the action space's bounds before they reach the envs.
 
     Examples
     --------
@@ -60,9 +73,12 @@ class EnvRunner:
     (2, 4)
     """
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, step_cost: float = 0.0) -> None:
-        self.env = make_vector_env(env_id, num_envs, seed)
+    def __init__(self, env_id: str, num_envs: int, seed: int, step_cost: float = 0.0,
+                 backend: Backend = "gymnasium") -> None:
+        self.env = make_vector_env(env_id, num_envs, seed, backend)
         self.obs, _ = self.env.reset(seed=seed)
+        space = self.env.single_action_space
+        self.bounds = ((space.low, space.high) if isinstance(space, gym.spaces.Box) else None)
         self.num_envs, self.step_cost = num_envs, step_cost
         self.prev_done = np.zeros(num_envs, dtype=bool)
         self.ep_return = np.zeros(num_envs)
@@ -73,6 +89,8 @@ class EnvRunner:
     def step(self, actions: np.ndarray) -> EnvStep:
         """Step every env once; the step after an episode ends is a reset step (not valid)."""
         t0 = time.perf_counter()
+        if self.bounds is not None:
+            actions = np.clip(actions, *self.bounds)
         obs, rew, term, trunc, _ = self.env.step(actions)
         if self.step_cost:
             burn_cpu(self.step_cost * self.num_envs)
@@ -115,14 +133,17 @@ class RolloutRecorder:
     (6, 4)
     """
 
-    def __init__(self, net: DiscreteActorCritic, seed: int, gamma: float = 0.99,
-                 gae_lambda: float = 0.95) -> None:
+    def __init__(self, net: nn.Module, seed: int, gamma: float = 0.99,
+                 gae_lambda: float = 0.95, sign_reward: bool = False) -> None:
         self.net = net
         self.generator = torch.Generator().manual_seed(seed)
         self.gamma, self.gae_lambda = gamma, gae_lambda
+        self.sign_reward = sign_reward
         self.version = -1
         self.t = 0
         self.inference_s = 0.0
+        self.discounted: np.ndarray | None = None
+        """Per env: the discounted return so far of its episode (reward scaling's statistic)."""
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights unless this version is already loaded."""
@@ -137,22 +158,27 @@ class RolloutRecorder:
         self.t, self.t_start, self.inference_s = 0, time.time(), 0.0
         self.returns_done: list[float] = []
         self.lengths_done: list[int] = []
+        if self.discounted is None or len(self.discounted) != n:
+            self.discounted = np.zeros(n)
         old = getattr(self, "obs", None)
         if old is not None and old.shape == (num_steps, n, *obs.shape[1:]):
             return
-        self.obs = np.zeros((num_steps, n, *obs.shape[1:]), dtype=np.float32)
-        self.actions = np.zeros((num_steps, n), dtype=np.int64)
+        dtype = np.uint8 if obs.dtype == np.uint8 else np.float32
+        self.obs = np.zeros((num_steps, n, *obs.shape[1:]), dtype=dtype)
+        self.actions = np.zeros((num_steps, n, *self.net.action_shape),
+                                dtype=self.net.action_dtype)
         self.logp = np.zeros((num_steps, n), dtype=np.float32)
         self.values = np.zeros((num_steps + 1, n), dtype=np.float32)
         self.rewards = np.zeros((num_steps, n), dtype=np.float32)
         self.terminated = np.zeros((num_steps, n), dtype=bool)
         self.done = np.zeros((num_steps, n), dtype=bool)
         self.valid = np.zeros((num_steps, n), dtype=bool)
+        self.returns_seen = np.zeros((num_steps, n))
 
     def _grow(self) -> None:
         """Make room for more steps than :meth:`begin` allocated (doubling)."""
         for name in ("obs", "actions", "logp", "values", "rewards", "terminated", "done",
-                     "valid"):
+                     "valid", "returns_seen"):
             old = getattr(self, name)
             setattr(self, name, np.concatenate([old, np.zeros_like(old)]))
 
@@ -171,7 +197,7 @@ class RolloutRecorder:
     def record(self, step: EnvStep) -> None:
         """Record what the envs returned for step ``t`` and advance to ``t + 1``."""
         t = self.t
-        self.rewards[t] = step.reward
+        self.rewards[t] = self._reward(step)
         self.terminated[t] = step.terminated
         self.done[t] = step.done
         self.valid[t] = step.valid
@@ -180,26 +206,56 @@ class RolloutRecorder:
             self.lengths_done.extend(step.episode_lengths)
         self.t = t + 1
 
+    def _device_obs(self, obs: np.ndarray) -> torch.Tensor:
+        """``obs`` as the network takes it: uint8 frames as they are, others flat float32."""
+        if obs.dtype == np.uint8:
+            return torch.as_tensor(obs)
+        x = torch.as_tensor(obs, dtype=torch.float32)
+        return x.reshape(len(x), -1)
+
+    def _reward(self, step: EnvStep) -> np.ndarray:
+        """The reward to learn from: its sign (``sign_reward``), then divided by the running
+        std of the discounted return when the network keeps ``ret_rms`` (gymnasium's
+        ``NormalizeReward``, with the statistics frozen for the rollout)."""
+        reward = np.sign(step.reward) if self.sign_reward else step.reward
+        rms = self.net.ret_rms
+        if rms is None:
+            return reward
+        assert self.discounted is not None
+        valid = step.valid
+        self.discounted[valid] = self.discounted[valid] * self.gamma + reward[valid]
+        self.returns_seen[self.t] = self.discounted
+        self.discounted[step.done & valid] = 0.0
+        return np.clip(reward / rms.std(), -rms.clip, rms.clip)
+
     def finish(self, last_obs: np.ndarray) -> dict[str, Any]:
         """Bootstrap from ``last_obs``, apply GAE, return the valid transitions and stats."""
         T = self.t
         t0 = time.perf_counter()
         with torch.inference_mode():
-            last = torch.as_tensor(last_obs, dtype=torch.float32)
-            self.values[T] = self.net.value(last.reshape(len(last), -1))
+            self.values[T] = self.net.value(self._device_obs(last_obs))
         self.inference_s += time.perf_counter() - t0
         adv, ret = gae(self.rewards[:T], self.values[:T], self.values[1 : T + 1],
                        self.terminated[:T], self.done[:T], self.gamma, self.gae_lambda)
         mask = self.valid[:T].reshape(-1)
         flat = T * self.obs.shape[1]
+        image = self.obs.dtype == np.uint8 and self.obs.ndim == 5
+        obs = self.obs[:T].reshape(flat, *(self.obs.shape[2:] if image else (-1,)))[mask]
         batch: dict[str, Any] = {
-            "obs": self.obs[:T].reshape(flat, -1)[mask],
-            "actions": self.actions[:T].reshape(-1)[mask],
+            "obs": obs,
+            "actions": self.actions[:T].reshape(flat, *self.net.action_shape)[mask],
             "logp": self.logp[:T].reshape(-1)[mask],
             "values": self.values[:T].reshape(-1)[mask],
             "advantages": adv.reshape(-1)[mask],
             "returns": ret.reshape(-1)[mask],
         }
+        moments = {}
+        if self.net.obs_rms is not None:
+            moments["obs"] = Moments.of(obs)
+        if self.net.ret_rms is not None:
+            moments["ret"] = Moments.of(self.returns_seen[:T].reshape(-1)[mask])
+        if moments:
+            batch["moments"] = moments
         batch["stats"] = {
             "env_steps": int(mask.sum()),
             "rollout_steps": T,
@@ -241,19 +297,23 @@ class VecEnvActor:
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         step_cost: float = 0.0,
+        normalization: Normalization | None = None,
+        backend: Backend = "gymnasium",
     ) -> None:
         self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
         self.hidden, self.step_cost = hidden, step_cost
-        obs_dim, num_actions = _dims(env_id)
-        net = DiscreteActorCritic(obs_dim, num_actions, hidden)
-        self.recorder = RolloutRecorder(net, seed, gamma, gae_lambda)
+        self.normalization, self.backend = normalization or Normalization(), backend
+        net = actor_critic_for(*spaces_of(env_id, backend), hidden, self.normalization)
+        self.recorder = RolloutRecorder(net, seed, gamma, gae_lambda,
+                                        self.normalization.sign_reward)
         self._runner: EnvRunner | None = None
 
     @property
     def runner(self) -> EnvRunner:
         """The env half, built on first use."""
         if self._runner is None:
-            self._runner = EnvRunner(self.env_id, self.num_envs, self.seed, self.step_cost)
+            self._runner = EnvRunner(self.env_id, self.num_envs, self.seed, self.step_cost,
+                                     self.backend)
         return self._runner
 
     @property
@@ -262,8 +322,8 @@ class VecEnvActor:
         return self.runner.env
 
     @property
-    def net(self) -> DiscreteActorCritic:
-        """The policy copy."""
+    def net(self) -> nn.Module:
+        """The policy copy (the head :func:`~daskrl.algos.networks.actor_critic_for` chose)."""
         return self.recorder.net
 
     @property
@@ -275,7 +335,7 @@ class VecEnvActor:
         """An actor with the same settings, ``num_envs`` envs and ``seed`` (fusion, env groups)."""
         rec = self.recorder
         return VecEnvActor(self.env_id, num_envs, seed, self.hidden, rec.gamma, rec.gae_lambda,
-                           self.step_cost)
+                           self.step_cost, self.normalization, self.backend)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights unless this version is already loaded."""
@@ -319,22 +379,27 @@ class VecEnvActor:
             self._runner.close()
 
 
-_DIMS: dict[str, tuple[int, int]] = {}
+_SPACES: dict[tuple[str, str], tuple[gym.Space, gym.Space]] = {}
 
 
-def _dims(env_id: str) -> tuple[int, int]:
-    """Observation size and action count of ``env_id`` (probed once per process)."""
-    if env_id not in _DIMS:
-        probe = make_vector_env(env_id, 1, seed=0)
-        _DIMS[env_id] = space_dims(probe)
-        probe.close()
-    return _DIMS[env_id]
+def spaces_of(env_id: str, backend: Backend = "gymnasium") -> tuple[gym.Space, gym.Space]:
+    """Single observation and action spaces of ``env_id`` (probed once per process).
+
+    Examples
+    --------
+    >>> spaces_of("CartPole-v1")[1]
+    Discrete(2)
+    """
+    if (env_id, backend) not in _SPACES:
+        _SPACES[env_id, backend] = env_spaces(env_id, backend)
+    return _SPACES[env_id, backend]
 
 
 def policy_module(env_id: str, hidden: tuple[int, ...], weights: dict[str, torch.Tensor],
-                  deterministic: bool = True) -> torch.nn.Module:
+                  deterministic: bool = True, normalization: Normalization | None = None
+                  ) -> torch.nn.Module:
     """The trained policy of ``weights`` alone (``Algorithm.make_policy``): observations in,
-    actions out.
+    actions out (normalised by the running statistics in ``weights``, when it has them).
 
     Examples
     --------
@@ -343,8 +408,7 @@ def policy_module(env_id: str, hidden: tuple[int, ...], weights: dict[str, torch
     >>> pi(torch.zeros(5, 4)).shape
     torch.Size([5])
     """
-    obs_dim, num_actions = _dims(env_id)
-    net = DiscreteActorCritic(obs_dim, num_actions, hidden)
+    net = actor_critic_for(*spaces_of(env_id), hidden, normalization)
     net.load_state_dict(weights)
     return net.policy(deterministic).eval()
 
@@ -355,6 +419,7 @@ def evaluate_policy(
     seed: int,
     episodes: int = 10,
     hidden: tuple[int, ...] = (64, 64),
+    normalization: Normalization | None = None,
 ) -> dict[str, float]:
     """Mean and std of the return of ``episodes`` greedy episodes on a fresh env.
 
@@ -365,14 +430,17 @@ def evaluate_policy(
     2
     """
     env = make_vector_env(env_id, episodes, seed)
-    obs_dim, num_actions = space_dims(env)
-    net = DiscreteActorCritic(obs_dim, num_actions, hidden)
+    net = actor_critic_for(env.single_observation_space, env.single_action_space, hidden,
+                           normalization)
     net.load_state_dict(weights)
+    space = env.single_action_space
     obs, _ = env.reset(seed=seed)
     total = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
     while running.any():
         actions = net.act(obs, deterministic=True)[0].numpy()
+        if isinstance(space, gym.spaces.Box):
+            actions = np.clip(actions, space.low, space.high)
         obs, rew, term, trunc, _ = env.step(actions)
         total += rew * running
         running &= ~(term | trunc)

@@ -6,6 +6,12 @@ An update is a plan of minibatches (:meth:`ActorCriticLearner.minibatches`) and,
 (``clip_grad_norm_`` and an Adam step). :meth:`~ActorCriticLearner.update` runs them in
 turn; ``data-parallel`` runs the same plan on every replica and averages the gradients
 between compute and apply.
+
+A network with running statistics (``obs_rms``/``ret_rms``, :mod:`daskrl.algos.normalize`)
+is updated on the statistics the actors used; :meth:`~ActorCriticLearner.finish_update` then
+merges the batches' moments into them, so the next weights carry the merged statistics.
+``data-parallel`` replicas average their moments first (``update_plan().statistics``) and
+stay identical.
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from daskrl.algos.losses import PPO_PARTS
 from daskrl.algos.networks import DiscreteActorCritic
+from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
 from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
 from daskrl.core.algorithm import Batch, UpdatePlan
 
@@ -27,7 +34,8 @@ Minibatch = dict[str, Tensor]
 
 
 def batch_tensors(batches: list[Batch], device: str | torch.device) -> dict[str, Tensor]:
-    """The batches' arrays (``stats`` left out) joined and made tensors on ``device``.
+    """The batches' arrays (``stats`` and ``moments`` left out) joined and made tensors on
+    ``device``, in their own dtypes (uint8 frames stay uint8 until the network converts them).
 
     Examples
     --------
@@ -35,7 +43,7 @@ def batch_tensors(batches: list[Batch], device: str | torch.device) -> dict[str,
     >>> batch_tensors([b, b], "cpu")["obs"].shape
     torch.Size([4, 4])
     """
-    keys = [k for k in batches[0] if k != "stats"]
+    keys = [k for k in batches[0] if k not in ("stats", "moments")]
     if len(batches) == 1:
         return {k: torch.as_tensor(batches[0][k], device=device) for k in keys}
     return {k: torch.as_tensor(np.concatenate([b[k] for b in batches]), device=device)
@@ -102,6 +110,12 @@ class ActorCriticLearner:
         Where the update runs.
     compile : bool
         Differentiate a ``torch.compile``-d loss (see :func:`compiled`).
+    network : callable, optional
+        Builds the network (after seeding); default a :class:`DiscreteActorCritic` of
+        ``obs_dim``, ``num_actions``, ``hidden``.
+    replicas : int
+        Data-parallel replicas whose averaged moments :meth:`minibatches` may be given (the
+        average is scaled back by this).
 
     Examples
     --------
@@ -114,11 +128,19 @@ class ActorCriticLearner:
 
     def __init__(self, obs_dim: int, num_actions: int, seed: int,
                  hidden: tuple[int, ...] = (64, 64), hp: PPOHyper | None = None,
-                 device: str = "cpu", compile: bool = False) -> None:
+                 device: str = "cpu", compile: bool = False,
+                 network: Callable[[], nn.Module] | None = None, replicas: int = 1) -> None:
         torch.manual_seed(seed)
         self.hp = hp or PPOHyper()
         self.device = device
-        self.net = DiscreteActorCritic(obs_dim, num_actions, hidden).to(device)
+        net = network() if network is not None else DiscreteActorCritic(obs_dim, num_actions,
+                                                                          hidden)
+        self.net = net.to(device)
+        self.replicas = replicas
+        self.running = {name: rms for name, rms in (("obs", net.obs_rms), ("ret", net.ret_rms))
+                        if rms is not None}
+        """The network's running statistics, by the ``batch["moments"]`` key they merge."""
+        self._pending: dict[str, Moments] = {}
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         self._optimizer: torch.optim.Optimizer | None = None
         self._optimizer_state: dict[str, Any] | None = None
@@ -172,7 +194,7 @@ class ActorCriticLearner:
             raise ValueError("data-parallel training needs target_kl=None: replicas would stop "
                              "after different epochs; unset target_kl")
         epochs, num_mb = self.epochs_and_minibatches()
-        return UpdatePlan(steps=epochs * num_mb, statistics=False)
+        return UpdatePlan(steps=epochs * num_mb, statistics=bool(self.running))
 
     def schedule(self, progress: float) -> dict[str, float]:
         """Set the optimiser's schedules (learning rate) for ``progress``; return them."""
@@ -182,14 +204,39 @@ class ActorCriticLearner:
         return {"charts/learning_rate": lr}
 
     def statistics(self, batches: list[Batch]) -> Tensor | None:
-        """Batch statistics that are not gradients (none for PPO)."""
-        return None
+        """The batches' observation/return moments as float64 sums around the current running
+        means (what replicas can average), or None without running statistics."""
+        if not self.running:
+            return None
+        parts = []
+        for name, rms in self.running.items():
+            merged = merge_all(b["moments"][name] for b in batches)
+            assert merged is not None
+            parts.append(shifted_sums(merged, rms.mean.cpu().numpy()))
+        return torch.as_tensor(np.concatenate(parts))
+
+    def _merge_later(self, batches: list[Batch], statistics: Tensor | None) -> None:
+        """Keep the moments :meth:`finish_update` merges: the batches' own, or the replicas'
+        average of :meth:`statistics` scaled back by :attr:`replicas`."""
+        if statistics is None:
+            self._pending = {name: merged for name in self.running
+                             if (merged := merge_all(b["moments"][name] for b in batches))}
+            return
+        flat, offset = statistics.double().cpu().numpy(), 0
+        self._pending = {}
+        for name, rms in self.running.items():
+            center = rms.mean.cpu().numpy()
+            n = 1 + 2 * center.size
+            self._pending[name] = from_shifted_sums(flat[offset : offset + n], center,
+                                                    self.replicas)
+            offset += n
 
     def minibatches(self, batches: list[Batch], progress: float,
                     statistics: Tensor | None = None) -> list[Minibatch]:
         """Start an update on ``batches``: set the schedules and return its minibatches, in
         the order to step them (shuffled by the learner's seeded generator)."""
         self.schedule(progress)
+        self._merge_later(batches, statistics)
         self._data = batch_tensors(batches, self.device)
         epochs, num_mb = self.epochs_and_minibatches()
         return shuffled_minibatches(self._data, epochs, num_mb, self.generator)
@@ -218,6 +265,10 @@ class ActorCriticLearner:
                                                                   self._data["values"])
         out["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         self._data = None
+        for name, moments in self._pending.items():  # after the update: the actors used the old
+            self.running[name].update(moments)
+            self._weights = None
+        self._pending = {}
         return out
 
     def update(self, batches: list[Batch], progress: float) -> dict[str, float]:

@@ -1,11 +1,47 @@
-"""Gymnasium vector environments built from env ids, checked before any long work."""
+"""Vector environments built from env ids (gymnasium's, or EnvPool's), checked before any
+long work.
+
+Atari ids (``ALE/Breakout-v5``, ``BreakoutNoFrameskip-v4``) get gymnasium's
+``AtariPreprocessing`` (no-op starts, frame skip 4, 84x84 grayscale) and a stack of 4 frames:
+uint8 observations of shape ``(4, 84, 84)``, what the Nature-DQN CNN head takes.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
+
+Backend = Literal["gymnasium", "envpool"]
+"""Who steps the envs: gymnasium's vector envs (Python), or EnvPool's C++ thread pool."""
+
+ATARI_INSTALL = 'pip install -e ".[atari]"  (ale-py and opencv-python-headless)'
+ENVPOOL_INSTALL = 'pip install -e ".[envpool]"'
+FRAME_STACK = 4
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` names an Arcade Learning Environment game.
+
+    Examples
+    --------
+    >>> is_atari("ALE/Breakout-v5"), is_atari("PongNoFrameskip-v4"), is_atari("CartPole-v1")
+    (True, True, False)
+    """
+    return env_id.startswith("ALE/") or "NoFrameskip" in env_id
+
+
+def _register_atari(env_id: str) -> None:
+    """Register ale-py's envs with gymnasium, or say in one line how to install them."""
+    try:
+        import ale_py
+    except ImportError:
+        raise ValueError(f"env {env_id!r} is an Atari game and ale-py is not installed: "
+                         f"{ATARI_INSTALL}") from None
+    gym.register_envs(ale_py)
 
 
 def check_env_id(env_id: str) -> None:
@@ -15,6 +51,8 @@ def check_env_id(env_id: str) -> None:
     --------
     >>> check_env_id("CartPole-v1")
     """
+    if is_atari(env_id):
+        _register_atari(env_id)
     try:
         gym.spec(env_id)
     except Exception as exc:  # gymnasium raises several error types here
@@ -23,12 +61,43 @@ def check_env_id(env_id: str) -> None:
         raise ValueError(f"unknown env id {env_id!r}{hint}: {exc}") from None
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+def _atari_wrappers() -> list[Any]:
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    return [AtariPreprocessing, partial(FrameStackObservation, stack_size=FRAME_STACK)]
+
+
+def _atari_kwargs(env_id: str) -> dict[str, Any]:
+    # AtariPreprocessing skips frames itself and refuses an env that skips too
+    return {"frameskip": 1} if gym.spec(env_id).kwargs.get("frameskip", 1) != 1 else {}
+
+
+def make_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """One env as training sees it (Atari games preprocessed and frame-stacked), for
+    evaluation and videos; ``kwargs`` go to ``gym.make`` (e.g. ``render_mode``).
+
+    Examples
+    --------
+    >>> make_env("CartPole-v1").observation_space.shape
+    (4,)
+    """
+    check_env_id(env_id)
+    if not is_atari(env_id):
+        return gym.make(env_id, **kwargs)
+    env = gym.make(env_id, **_atari_kwargs(env_id), **kwargs)
+    for wrap in _atari_wrappers():
+        env = wrap(env)
+    return env
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int, backend: Backend = "gymnasium"
+                    ) -> Any:
     """A vector env of ``num_envs`` copies, numpy-vectorised when the env offers it.
 
     Uses the env's own vector entry point (e.g. CartPole's numpy implementation) when it
-    has one, else a synchronous vector env. Auto-reset follows gymnasium's default
-    next-step mode: the step after an episode ends returns the reset observation.
+    has one, else a synchronous vector env; ``backend="envpool"`` steps EnvPool's C++ envs
+    instead (:class:`EnvPoolVectorEnv`). Auto-reset follows gymnasium's default next-step
+    mode (EnvPool's too): the step after an episode ends returns the reset observation.
 
     Examples
     --------
@@ -36,15 +105,97 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorE
     >>> env.observation_space.shape
     (4, 4)
     """
-    check_env_id(env_id)
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    spec = gym.spec(env_id)
-    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+    if backend == "envpool":
+        return EnvPoolVectorEnv(env_id, num_envs, seed)
+    if backend != "gymnasium":
+        raise ValueError(f"unknown env backend {backend!r}: choose gymnasium or envpool")
+    check_env_id(env_id)
+    if gym.spec(env_id).vector_entry_point is not None and not is_atari(env_id):
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
+    else:  # module-level env makers, so the vector env pickles (deterministic snapshots)
+        env = gym.vector.SyncVectorEnv([partial(make_env, env_id) for _ in range(num_envs)])
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def envpool_id(env_id: str) -> str:
+    """The EnvPool task id of a gymnasium env id (``ALE/Breakout-v5``, ``BreakoutNoFrameskip-v4``
+    -> ``Breakout-v5``; others unchanged).
+
+    Examples
+    --------
+    >>> envpool_id("ALE/Pong-v5"), envpool_id("PongNoFrameskip-v4"), envpool_id("Hopper-v5")
+    ('Pong-v5', 'Pong-v5', 'Hopper-v5')
+    """
+    if env_id.startswith("ALE/"):
+        return env_id[4:]
+    if "NoFrameskip" in env_id:
+        return env_id.split("NoFrameskip")[0] + "-v5"
+    return env_id
+
+
+class EnvPoolVectorEnv:
+    """EnvPool's vector env behind the part of gymnasium's ``VectorEnv`` API the actors use.
+
+    EnvPool steps all envs in C++ threads; its Atari envs do the same preprocessing as
+    :func:`make_env` (84x84 grayscale, frame skip 4, 4 stacked frames, no-op starts) and it
+    resets a finished env on the next step, as gymnasium's next-step auto-reset does.
+
+    Examples
+    --------
+    >>> import pytest; _ = pytest.importorskip("envpool")
+    >>> env = EnvPoolVectorEnv("CartPole-v1", 2, seed=0)
+    >>> env.reset(seed=0)[0].shape, env.single_action_space
+    ((2, 4), Discrete(2))
+    """
+
+    def __init__(self, env_id: str, num_envs: int, seed: int) -> None:
+        try:
+            import envpool
+        except ImportError:
+            raise ValueError(f"--env-backend envpool needs EnvPool: {ENVPOOL_INSTALL}") from None
+        task = envpool_id(env_id)
+        known = envpool.list_all_envs()
+        if task not in known:
+            close = sorted(k for k in known if k.split("-")[0] == task.split("-")[0])[:3]
+            hint = f" (it has {', '.join(close)})" if close else ""
+            raise ValueError(f"env {env_id!r} is not in EnvPool{hint}: use --env-backend "
+                             "gymnasium")
+        self.env = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        self.num_envs = num_envs
+        self.single_observation_space = self.env.observation_space
+        self.single_action_space = self.env.action_space
+
+    def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Reset every env (EnvPool's seed was given at construction)."""
+        obs, info = self.env.reset()
+        return obs, info
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Step every env: observation, reward, terminated, truncated, info."""
+        return self.env.step(actions)
+
+    def close(self) -> None:
+        """Close the envs."""
+        self.env.close()
+
+
+def env_spaces(env_id: str, backend: Backend = "gymnasium") -> tuple[gym.Space, gym.Space]:
+    """The single observation and action spaces of ``env_id`` (one env is built to read them).
+
+    Examples
+    --------
+    >>> env_spaces("Pendulum-v1")[1]
+    Box(-2.0, 2.0, (1,), float32)
+    """
+    probe = make_vector_env(env_id, 1, seed=0, backend=backend)
+    try:
+        return probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
 
 
 def space_dims(env: gym.vector.VectorEnv) -> tuple[int, int]:

@@ -25,35 +25,43 @@ class Sizes:
         (:func:`transition_bytes` computes it for float32 observations).
     model_params : int
         Parameters of the learner's model (policy and critic).
+    replay_bytes : int
+        Bytes of an off-policy algorithm's replay at full capacity, all shards together
+        (0: no replay).
 
     Examples
     --------
     >>> Sizes(transition_bytes=transition_bytes(obs_dim=4), model_params=9_000)
-    Sizes(transition_bytes=47, model_params=9000)
+    Sizes(transition_bytes=47, model_params=9000, replay_bytes=0)
     """
 
     transition_bytes: int = 0
     model_params: int = 0
+    replay_bytes: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("transition_bytes", "model_params"):
+        for name in ("transition_bytes", "model_params", "replay_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"Sizes.{name} must be an int >= 0, got {value!r}")
 
 
-def transition_bytes(obs_dim: int, agents: int = 1) -> int:
-    """Bytes of one env step in a rollout batch with float32 observations of ``obs_dim``.
+def transition_bytes(obs_dim: int, agents: int = 1, obs_itemsize: int = FLOAT_BYTES,
+                     action_bytes: int = 8) -> int:
+    """Bytes of one env step in a rollout batch with observations of ``obs_dim`` values.
 
-    Per agent: the observation, an int64 action, float32 reward, value, log-probability,
-    advantage and return, and three bool flags (terminated, done, valid).
+    Per agent: the observation (float32, or ``obs_itemsize`` bytes a value: 1 for uint8
+    frames), the action (an int64 index, or ``action_bytes``), float32 reward, value,
+    log-probability, advantage and return, and three bool flags (terminated, done, valid).
 
     Examples
     --------
     >>> transition_bytes(4), transition_bytes(16, agents=4)
     (47, 380)
+    >>> transition_bytes(4 * 84 * 84, obs_itemsize=1)  # 4 stacked Atari frames
+    28255
     """
-    return agents * (FLOAT_BYTES * obs_dim + 8 + 5 * FLOAT_BYTES + 3)
+    return agents * (obs_itemsize * obs_dim + action_bytes + 5 * FLOAT_BYTES + 3)
 
 
 def mlp_params(inputs: int, outputs: int, hidden: Sequence[int]) -> int:

@@ -1,0 +1,182 @@
+"""Running observation and return statistics, merged across actors by the learner.
+
+Actors normalise observations and scale rewards with the statistics that came with their
+weights (frozen for the rollout), and return the :class:`Moments` (count, mean, sum of squared
+deviations) of what they saw. The learner merges every batch's moments into its
+:class:`RunningMeanStd` buffers (Chan et al.'s parallel update, the one gymnasium's
+``RunningMeanStd`` applies per step) after its update, so the statistics are part of the
+network's ``state_dict``: they travel with the weights to the actors and into checkpoints, and
+the exported policy normalises with them. Merging in batch order makes the result independent
+of where the actors ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+EPS = 1e-8
+"""Added to the variance before the square root (gymnasium's ``NormalizeObservation``)."""
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Which running statistics a continuous-control policy keeps (CleanRL's wrappers).
+
+    Examples
+    --------
+    >>> Normalization(obs=True).reward
+    False
+    """
+
+    obs: bool = False
+    """Normalise observations by their running mean and std (clipped to +-``clip``)."""
+    reward: bool = False
+    """Scale rewards by the running std of the discounted return (clipped to +-``clip``)."""
+    clip: float = 10.0
+    """Bound of normalised observations and scaled rewards."""
+    sign_reward: bool = False
+    """Learn from the sign of each reward (Atari, as the DQN and PPO papers); episode returns
+    are still reported unclipped."""
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Count, mean and sum of squared deviations (``m2``) of a sample, per feature.
+
+    Examples
+    --------
+    >>> x = np.arange(6.0).reshape(3, 2)
+    >>> m = Moments.of(x[:1]).merge(Moments.of(x[1:]))
+    >>> m.count, m.mean.tolist(), m.var.tolist() == x.var(0).tolist()
+    (3.0, [2.0, 3.0], True)
+    """
+
+    count: float
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def of(cls, x: np.ndarray) -> Moments:
+        """The moments of the rows of ``x`` (float64)."""
+        x = np.asarray(x, dtype=np.float64)
+        if len(x) == 0:
+            return cls(0.0, np.zeros(x.shape[1:]), np.zeros(x.shape[1:]))
+        mean = x.mean(0)
+        return cls(float(len(x)), mean, ((x - mean) ** 2).sum(0))
+
+    @property
+    def var(self) -> np.ndarray:
+        """Population variance (``m2 / count``)."""
+        return self.m2 / max(self.count, 1e-300)
+
+    def merge(self, other: Moments) -> Moments:
+        """The moments of both samples together (Chan et al.'s parallel formula)."""
+        if other.count == 0:
+            return self
+        if self.count == 0:
+            return other
+        total = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.count / total)
+        m2 = self.m2 + other.m2 + delta**2 * (self.count * other.count / total)
+        return Moments(total, mean, m2)
+
+
+def merge_all(parts: Iterable[Moments]) -> Moments | None:
+    """All ``parts`` merged left to right (None when there are none).
+
+    Examples
+    --------
+    >>> merge_all([Moments.of(np.ones((2, 1))), Moments.of(np.zeros((2, 1)))]).mean.tolist()
+    [0.5]
+    """
+    out: Moments | None = None
+    for part in parts:
+        out = part if out is None else out.merge(part)
+    return out
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance as float64 buffers (in the ``state_dict``); ``forward``
+    normalises.
+
+    Starts like gymnasium's ``RunningMeanStd``: mean 0, variance 1, count ``1e-4``.
+
+    Examples
+    --------
+    >>> rms = RunningMeanStd((2,))
+    >>> rms.update(Moments.of(np.array([[1.0, 2.0], [3.0, 6.0]])))
+    >>> [round(v, 3) for v in rms.mean.tolist()]
+    [2.0, 4.0]
+    >>> [round(v, 3) for v in rms(torch.tensor([[3.0, 6.0]]))[0].tolist()]
+    [1.0, 1.0]
+    """
+
+    def __init__(self, shape: tuple[int, ...] = (), clip: float = 10.0) -> None:
+        super().__init__()
+        self.clip, self.eps = clip, EPS
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    def moments(self) -> Moments:
+        """The statistics so far as :class:`Moments`."""
+        count = float(self.count)
+        return Moments(count, self.mean.cpu().numpy(), self.var.cpu().numpy() * count)
+
+    def update(self, batch: Moments) -> None:
+        """Fold ``batch`` into the statistics (in place)."""
+        merged = self.moments().merge(batch)
+        self.mean.copy_(torch.as_tensor(merged.mean))
+        self.var.copy_(torch.as_tensor(merged.var))
+        self.count.fill_(merged.count)
+
+    def std(self) -> np.ndarray:
+        """``sqrt(var + EPS)`` as numpy (what rewards are divided by)."""
+        return np.sqrt(self.var.cpu().numpy() + EPS)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(x - mean) / sqrt(var + EPS)``, clipped to +-``clip``, float32."""
+        mean, var = self.mean.to(torch.float32), self.var.to(torch.float32)
+        return ((x.to(torch.float32) - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip,
+                                                                                 self.clip)
+
+
+def shifted_sums(batch: Moments, center: np.ndarray) -> np.ndarray:
+    """``[count, sum(x - center), sum((x - center)**2)]`` flattened (float64): sums that an
+    average across replicas keeps (up to the replica count), unlike means and ``m2``.
+
+    Examples
+    --------
+    >>> shifted_sums(Moments.of(np.array([[1.0], [3.0]])), np.zeros(1)).tolist()
+    [2.0, 4.0, 10.0]
+    """
+    d = batch.mean - center
+    return np.concatenate([[batch.count], (batch.count * d).ravel(),
+                           (batch.m2 + batch.count * d**2).ravel()])
+
+
+def from_shifted_sums(sums: np.ndarray, center: np.ndarray, scale: float = 1.0) -> Moments:
+    """The :class:`Moments` of :func:`shifted_sums` (each sum multiplied by ``scale`` first:
+    the replica count, to undo an average).
+
+    Examples
+    --------
+    >>> m = Moments.of(np.array([[1.0], [3.0]]))
+    >>> back = from_shifted_sums(shifted_sums(m, np.ones(1)) / 2, np.ones(1), scale=2)
+    >>> back.count, back.mean.tolist(), back.m2.tolist()
+    (2.0, [2.0], [2.0])
+    """
+    sums = np.asarray(sums, dtype=np.float64) * scale
+    count = float(sums[0])
+    n = (len(sums) - 1) // 2
+    s1, s2 = sums[1 : 1 + n].reshape(center.shape), sums[1 + n :].reshape(center.shape)
+    if count == 0:
+        return Moments(0.0, np.zeros_like(center), np.zeros_like(center))
+    d = s1 / count
+    return Moments(count, center + d, np.maximum(s2 - count * d**2, 0.0))
