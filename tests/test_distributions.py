@@ -121,7 +121,8 @@ def test_central_inference_places_envs_and_inference(client, tmp_path):
     assert where["inference"] == {"w2"} and where["learner"] == {"w2"}
     assert "rollout" not in where
     assert rows[-1]["rollout_workers"] == "g0@w2;g1@w2"
-    assert 0.9 * algo.steps_per_iteration < _last_steps(rows) <= algo.steps_per_iteration
+    # auto-reset steps carry no transition: extra steps make up for them, as actors do
+    assert algo.steps_per_iteration <= _last_steps(rows) < 1.2 * algo.steps_per_iteration
 
 
 def test_central_inference_matches_local_inference(client):
@@ -135,11 +136,7 @@ def test_central_inference_matches_local_inference(client):
         ctx = inputs.context("inference", g)
         local = VecEnvActor("CartPole-v1", 2, unit_seed(ctx, g))
         local.set_weights(inputs.learner_in.weights, inputs.learner_in.version)
-        runner, rec = local.runner, local.recorder  # exactly num_steps steps, as remotely
-        rec.begin(algo.num_steps, runner.obs)
-        for _ in range(algo.num_steps):
-            rec.record(runner.step(rec.act(runner.obs)))
-        mine = rec.finish(runner.obs)
+        mine = local.rollout(algo.num_steps)  # num_steps, then steps until enough are valid
         np.testing.assert_array_equal(remote["obs"], mine["obs"])
         np.testing.assert_array_equal(remote["actions"], mine["actions"])
         for k in ("logp", "values", "advantages", "returns"):

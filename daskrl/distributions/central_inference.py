@@ -3,14 +3,17 @@
 Each env worker holds its replicas' envs, split into ``env_groups`` groups (SRL's env ring,
 default 2). Per step and group there is one ``inference`` task on the learner's worker (one
 forward pass over that group's envs on every env worker) and one ``env`` task per env worker
-(step those envs with the actions). While group 0 steps, group 1 is being served: stepping
-and inference overlap. Observations and actions cross the network every step; trajectories
-stay on the inference worker, which hands each group's finished batch (GAE applied) to the
-learner. A task costs ~2 ms of Dask overhead, so a step of a group costs ~5 ms however few
-envs it has: this distribution pays off with many envs per group or a heavy policy.
+(step those envs with the actions); a few more steps follow to make up for auto-reset steps
+(:func:`extra_steps`), so each iteration collects its env steps. While group 0 steps, group 1
+is being served: stepping and inference overlap. Observations and actions cross the network
+every step; trajectories stay on the inference worker, which hands each group's finished batch
+(GAE applied) to the learner. A task costs ~2 ms of Dask overhead, so a step of a group costs
+~5 ms however few envs it has: this distribution pays off with many envs per group or a heavy
+policy.
 
 Keys: ``env-<worker>g<group>-it<k>-s<t>`` (``s0`` reads the current observation, ``s<t>``
-takes step ``t``) and ``inference-<group>-it<k>-s<t>`` (``s<num_steps>`` returns the batch).
+takes step ``t``) and ``inference-<group>-it<k>-s<t>`` (the last, ``s<num_steps + extra>``,
+returns the batch).
 """
 
 from __future__ import annotations
@@ -70,21 +73,41 @@ def observe(ctx: TaskContext, algo: Algorithm, unit: int, num_envs: int, _after:
     return part.obs
 
 
-def env_step(ctx: TaskContext, unit: int, offset: int, num_envs: int, actions: np.ndarray
-             ) -> EnvStep:
-    """Role ``env``: step this unit's envs with its slice of the group's actions."""
+def env_step(ctx: TaskContext, unit: int, offset: int, num_envs: int,
+             actions: np.ndarray | None) -> EnvStep | None:
+    """Role ``env``: step this unit's envs with its slice of the group's actions (no step
+    when the group already holds its transitions: ``actions`` is None)."""
+    if actions is None:
+        return None
     part: EnvPart = resident((ctx.run, "env", unit), _lost("env", unit))[0]
     return part.step(actions[offset : offset + num_envs])
 
 
+def extra_steps(num_steps: int) -> int:
+    """Steps a group may take past ``num_steps`` to make up for auto-reset steps, which carry
+    no transition (the headroom :meth:`VecEnvActor.rollout` allocates).
+
+    Examples
+    --------
+    >>> extra_steps(128), extra_steps(8)
+    (16, 2)
+    """
+    return max(2, num_steps // 8)
+
+
 def infer(ctx: TaskContext, start: tuple[Algorithm, LearnerOutput] | None, group: int,
-          t: int, num_steps: int, sizes: tuple[int, ...], *parts: Any) -> np.ndarray | Batch:
+          t: int, num_steps: int, sizes: tuple[int, ...], *parts: Any
+          ) -> np.ndarray | Batch | None:
     """Role ``inference``: record step ``t - 1`` of group ``group`` and act for step ``t``.
 
     ``start`` (the algorithm and the learner's output) comes with ``t == 0`` only, so the
     per-step tasks stay small. ``parts`` are the env workers' observations (``t == 0``) or
-    their :class:`EnvStep` results. At ``t == num_steps`` the group's batch (GAE applied)
-    is returned instead of actions.
+    their :class:`EnvStep` results. Like :meth:`VecEnvActor.rollout`, every env steps
+    ``num_steps`` times, then all step again until the valid transitions reach
+    ``num_steps`` per env (auto-reset steps carry none), for at most
+    :func:`extra_steps` more steps; once they are reached the remaining tasks of the
+    chain pass ``None`` (no step). At ``t == num_steps + extra_steps(num_steps)`` the
+    group's batch (GAE applied) is returned instead of actions.
     """
     key = (ctx.run, "inference", group)
     if start is not None:
@@ -95,15 +118,22 @@ def infer(ctx: TaskContext, start: tuple[Algorithm, LearnerOutput] | None, group
         rec: InferencePart = state["part"]
         rec.set_weights(learner_in.weights, learner_in.version)
         obs = np.concatenate(parts)
-        rec.begin(num_steps, obs)
+        rec.begin(num_steps + extra_steps(num_steps), obs)
+        state["obs"], state["missing"] = obs, num_steps * len(obs)
         return rec.act(obs)
     state = resident(key, _lost("inference", group))[0]
     rec = state["part"]
-    step = merge_steps(parts)
-    rec.record(step)
-    if t < num_steps:
-        return rec.act(step.obs)
-    batch = rec.finish(step.obs)
+    if parts[0] is not None:  # the envs stepped
+        step = merge_steps(parts)
+        rec.record(step)
+        state["obs"] = step.obs
+        state["missing"] -= int(np.count_nonzero(step.valid))
+    last = num_steps + extra_steps(num_steps)
+    if t < num_steps or (t < last and state["missing"] > 0 and parts[0] is not None):
+        return rec.act(state["obs"])
+    if t < last:
+        return None
+    batch = rec.finish(state["obs"])
     batch["stats"].update(worker=worker_name(), built=state["built"], replica=f"g{group}")
     return batch
 
@@ -210,12 +240,13 @@ class CentralInference(Distribution):
                             key=step_key("env", f"{i}g{g}", k, 0, run), resources=env_res,
                             worker=env_worker[i]) for i, u in enumerate(units)]
             ctx = inputs.context("inference", g)
-            for t in range(algo.num_steps + 1):
+            last = algo.num_steps + extra_steps(algo.num_steps)
+            for t in range(last + 1):
                 start = (algo, inputs.learner_in) if t == 0 else None
                 acted = pinned(infer, ctx, start, g, t, algo.num_steps, group, *parts,
                                key=step_key("inference", g, k, t, run), resources=inf_res,
                                worker=inf_worker)
-                if t == algo.num_steps:
+                if t == last:
                     out.append(acted)
                     break
                 parts = [pinned(env_step, env_ctx[i], u, offsets[i], group[i], acted,
