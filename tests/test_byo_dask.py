@@ -15,12 +15,18 @@ import pytest
 from distributed import Client, LocalCluster
 
 from daskrl.cluster.local import configure_dask, worker_resources
+from daskrl.distributions import get_distribution
+from daskrl.runtime.driver import RunSettings, train
 
 REPO = Path(__file__).resolve().parent.parent
 GRAPH = str(REPO / "graphs" / "ppo.py")
 STEPS = 512  # two iterations of the tiny PPO (2 actors x 4 envs x 32 steps)
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def _settings(out: Path) -> RunSettings:
+    return RunSettings(out=out, steps=STEPS, tensorboard=False, progress=False)
 
 
 def _trained(summary: dict, workers: set) -> None:
@@ -65,3 +71,47 @@ def test_a_users_local_cluster_trains_ppo_through_scheduler_address(user_cluster
     import json
 
     _trained(json.loads((out / "summary.json").read_text()), set(worker_resources(user_cluster)))
+
+
+@pytest.mark.parametrize("user_cluster", [{"processes": False}, {"processes": True}],
+                         indirect=True, ids=["threads", "processes-no-resources"])
+def test_a_users_local_cluster_trains_ppo_through_a_client(user_cluster, tmp_path,
+                                                           cluster_tiny_ppo):
+    """Thread workers in this process and process workers, neither declaring resources."""
+    assert all(not r for r in worker_resources(user_cluster).values())
+    summary = train(user_cluster, cluster_tiny_ppo(), get_distribution("actors-learner"),
+                    _settings(tmp_path / "run"))
+    _trained(summary, set(worker_resources(user_cluster)))
+
+
+@pytest.fixture
+def nworkers_client(tmp_path: Path) -> Iterator[Client]:
+    """A scheduler, and ``dask worker ADDRESS --nworkers 2`` (no --name: named by address)."""
+    configure_dask()
+    cluster = LocalCluster(n_workers=0, dashboard_address=None, host="127.0.0.1")
+    log = (tmp_path / "workers.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                             cluster.scheduler_address, "--nworkers", "2", "--nthreads", "1",
+                             "--no-dashboard"], stdout=log, stderr=subprocess.STDOUT)
+    client = Client(cluster)
+    try:
+        client.wait_for_workers(2, timeout=90)
+        yield client
+    finally:
+        client.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        cluster.close()
+        log.close()
+
+
+def test_dask_worker_nworkers_trains_ppo_through_a_client(nworkers_client, tmp_path,
+                                                          cluster_tiny_ppo):
+    info = nworkers_client.scheduler_info(n_workers=-1)["workers"]
+    assert {w["name"] for w in info.values()} == set(info)  # named by their addresses
+    summary = train(nworkers_client, cluster_tiny_ppo(), get_distribution("actors-learner"),
+                    _settings(tmp_path / "run"))
+    _trained(summary, set(info))

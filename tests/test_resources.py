@@ -317,3 +317,38 @@ def test_plan_placement_falls_back_and_uses_gpu_workers_when_only_they_fit():
 
 def test_parse_resources_reads_cpu_and_gpu_in_any_case():
     assert parse_resources("Cpu:1,gpu:2").to_dask() == {"CPU": 1, "GPU": 2}
+
+
+# ----------------------------------------------------------- workers that declare nothing
+
+def test_cpu_fragments_run_on_workers_that_declare_no_resources():
+    frags = [Fragment(noop, "rollout", Resources(cpu=1), 2),
+             Fragment(noop, "learner", Resources(cpu=2))]
+    placement = plan_placement(frags, {"a": {}, "b": {}})
+    assert placement.workers == {"rollout": ("a", "b"), "learner": ("a",)}
+    # no CPU annotation: Dask would keep the tasks off workers that do not advertise it
+    assert all(r.to_dask() == {} for r in placement.resources.values())
+
+
+def test_a_gpu_fragment_on_workers_without_gpus_takes_its_fallback_or_is_refused():
+    wants = Resources(gpu=1, fallback=Resources(cpu=1))
+    placement = plan_placement([Fragment(noop, "learner", wants)], {"a": {}, "b": {}})
+    assert placement.resources["learner"].to_dask() == {}
+    with pytest.raises(ValueError, match=r"^fragment 'learner' needs GPU:1, which no worker "
+                                         r"offers \(workers: a: no resources; b: no"):
+        plan_placement([Fragment(noop, "learner", Resources(gpu=1))], {"a": {}, "b": {}})
+
+
+def test_a_declared_gpu_or_custom_resource_is_still_asked_for():
+    frags = [Fragment(noop, "rollout", Resources(cpu=1), 2),
+             Fragment(noop, "learner", Resources(gpu=1, custom={"fast_disk": 1}))]
+    placement = plan_placement(frags, {"a": {}, "b": {"GPU": 1, "fast_disk": 1}})
+    assert placement.workers == {"rollout": ("a", "a"), "learner": ("b",)}
+    assert placement.resources["learner"].to_dask() == {"GPU": 1, "fast_disk": 1}
+
+
+def test_where_some_worker_declares_cpu_cpu_stays_a_resource():
+    placement = plan_placement([Fragment(noop, "rollout", Resources(cpu=1), 2)],
+                               {"a": {}, "b": {"CPU": 1}})
+    assert placement.workers["rollout"] == ("b", "b")
+    assert placement.resources["rollout"].to_dask() == {"CPU": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,13 @@ def plan_placement(
     learner's GPU worker is not also stepping envs. A fragment's ``apart_from`` roles'
     workers are avoided when others fit. Replicas are spread round-robin.
 
+    ``CPU`` is a Dask resource only where some worker declares it. On a cluster where no
+    worker does (a plain ``LocalCluster()`` or ``dask worker``), every worker can host CPU
+    fragments and their tasks are annotated without ``CPU`` (Dask restricts a task that
+    names a resource to the workers that advertise it): Dask runs them one per thread, as
+    any task. GPUs and custom resources are asked for as declared, and a fragment that no
+    worker can host (a GPU-only learner without a GPU worker) is refused.
+
     Parameters
     ----------
     fragments : sequence of Fragment
@@ -99,12 +107,18 @@ def plan_placement(
     >>> p = plan_placement(frags, {"a": {"CPU": 1}, "b": {"CPU": 1, "GPU": 1}})
     >>> p.workers["rollout"], p.workers["learner"]
     (('a', 'a'), ('b',))
+    >>> plain = plan_placement(frags[:1], {"a": {}, "b": {}})  # no worker declares CPU
+    >>> plain.workers["rollout"], plain.resources["rollout"].to_dask()
+    (('a', 'b'), {})
     """
     if not workers:
         raise ValueError("the cluster has no workers: start some, or use the embedded cluster")
     resolved: dict[str, Resources] = {}
     chosen: dict[str, tuple[str, ...]] = {}
     offered = "; ".join(f"{n}: {dict(r) or 'no resources'}" for n, r in sorted(workers.items()))
+    cpu_declared = any("CPU" in r for r in workers.values())
+    if not cpu_declared:  # CPU is no Dask resource here: every worker has CPUs
+        workers = {n: {**r, "CPU": math.inf} for n, r in workers.items()}
     for frag in fragments:
         role, res, replicas = frag.role, frag.resources, frag.replicas
         try:
@@ -121,6 +135,6 @@ def plan_placement(
             fits = no_gpu or fits
         avoid = {n for other in frag.apart_from for n in chosen.get(other, ())}
         fits = [n for n in fits if n not in avoid] or fits
-        resolved[role] = use
+        resolved[role] = use if cpu_declared else Resources(gpu=use.gpu, custom=use.custom)
         chosen[role] = tuple(fits[i % len(fits)] for i in range(replicas))
     return Placement(resolved, chosen)
