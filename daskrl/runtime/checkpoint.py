@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,50 @@ def save_checkpoint(
     'ckpt-00000005.pt'
     """
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"ckpt-{iteration:08d}.pt"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".pt")
+    final = _write_atomically(directory / f"ckpt-{iteration:08d}.pt", payload)
+    older = [p for p in list_checkpoints(directory) if p.name < final.name]
+    for old in older[: max(0, len(older) - (keep - 1))] if keep > 0 else []:
+        old.unlink(missing_ok=True)  # never the file just written, nor newer ones
+    return final
+
+
+BEST = "best.pt"
+"""The checkpoint of the best periodic evaluation, beside the ``ckpt-*.pt`` files."""
+
+
+def save_best(directory: Path, payload: dict[str, Any]) -> Path:
+    """Write ``best.pt`` atomically (``payload`` carries its ``"eval"`` entry).
+
+    Examples
+    --------
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> save_best(d, {"eval": {"eval_return_mean": 9.5, "iteration": 4}}).name
+    'best.pt'
+    >>> best_score(d)
+    9.5
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    return _write_atomically(directory / BEST, payload)
+
+
+def best_score(directory: Path) -> float | None:
+    """The ``eval_return_mean`` of ``best.pt`` (None without one; a damaged one is reported
+    on stderr and counts as none, so the next evaluation replaces it)."""
+    path = directory / BEST
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        return float(payload["eval"]["eval_return_mean"])
+    except Exception as exc:  # noqa: BLE001 - any damage: replaced by the next evaluation
+        print(f"daskrl: warning: {path} does not load ({_reason(exc)}); the next evaluation "
+              "replaces it", file=sys.stderr)
+        return None
+
+
+def _write_atomically(final: Path, payload: dict[str, Any]) -> Path:
+    """torch.save to a temp file in the same folder, fsync, rename over ``final``."""
+    fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-", suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as fh:
             torch.save(payload, fh)
@@ -37,9 +80,6 @@ def save_checkpoint(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    older = [p for p in list_checkpoints(directory) if p.name < final.name]
-    for old in older[: max(0, len(older) - (keep - 1))] if keep > 0 else []:
-        old.unlink(missing_ok=True)  # never the file just written, nor newer ones
     return final
 
 

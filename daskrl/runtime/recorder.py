@@ -53,6 +53,7 @@ class Recorder:
         self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before}
         self.bar = _progress(progress, total, start)
         self.start = start
+        self.attached: dict[str, Any] = {}  # columns for the next row (a periodic evaluation)
         self.last_end: float | None = None
         self.iteration_sum = self.overhead_sum = 0.0
         self.t0 = time.perf_counter()
@@ -76,6 +77,9 @@ class Recorder:
                 for r in rows:
                     share = r["iteration_s"] / total if total > 0 else 1 / len(rows)
                     r.update({key: v * share for key, v in parts.items()})
+        if self.attached:
+            rows[-1].update(self.attached)
+            self.attached = {}
         for j, row in enumerate(rows):
             if it + j > self.start:  # the first iteration also pays for worker start-up
                 wall, overhead = overhead_seconds(row)
@@ -108,6 +112,20 @@ class Recorder:
             row["agent_steps_per_s_wall"] = m["agent_steps"] / iter_s
         self.counters = {"env_steps": self.env_steps, "wall_s": wall}
         return row
+
+    def attach(self, values: dict[str, Any]) -> None:
+        """Add ``values`` (an evaluation that finished meanwhile) to the next row written;
+        what is attached already under the same columns is written first, in a row of its own."""
+        if self.attached.keys() & values.keys():
+            self.flush()
+        self.attached.update(values)
+
+    def flush(self) -> None:
+        """Write what is attached and no iteration row took, as a row of its own (its
+        ``iteration`` cell empty: no iteration is recorded twice)."""
+        if self.attached:
+            self.writer.write({"env_steps": self.env_steps, **self.attached})
+            self.attached = {}
 
     def overhead_share(self) -> float:
         """``summary.json``'s ``dask_overhead_share``: the share of wall time in which no

@@ -30,18 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dask.delayed import Delayed
+import dask
+from dask.delayed import Delayed, delayed
 from distributed.client import FutureCancelledError
 from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
 
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, LearnerOutput
-from daskrl.core.failures import PeerLost, RunStopped
+from daskrl.core.failures import Call, PeerLost, RunStopped
 from daskrl.core.fragment import Fragment
-from daskrl.core.placement import Placement, plan_placement
+from daskrl.core.placement import Placement, plan_placement, task_key
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.runtime.backend import Backend, Handle
-from daskrl.runtime.checkpoint import list_checkpoints, save_checkpoint
+from daskrl.runtime.checkpoint import best_score, list_checkpoints, save_best, save_checkpoint
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.settings import RunSettings
 from daskrl.runtime.watchdog import Watchdog
@@ -143,6 +144,21 @@ class Attempt:
         return sorted(name for name, addr in self.pins.items() if not addr or addr in left)
 
 
+@dataclass(frozen=True)
+class PendingEval:
+    """A periodic evaluation in flight: the weights of iteration ``iteration``."""
+
+    iteration: int
+    output: LearnerOutput
+    counters: dict[str, float]
+    handle: Handle
+
+
+EVAL_PRIORITY = -(2**31)
+"""Periodic evaluations run after every iteration task that is ready: they never delay the
+learner on a worker they share."""
+
+
 class TaskSize:
     """How many iterations go into one task.
 
@@ -215,6 +231,8 @@ class RunLoop:
         self.recoveries = 0
         self.lost: BaseException | None = None  # why the head of the window was lost
         self.watchdog = Watchdog(backend, settings.task_timeout)
+        self.evals: deque[PendingEval] = deque()
+        self.best = (best_score(settings.out / "checkpoints") if settings.eval_every else None)
 
     def run(self) -> LearnerOutput:
         """Step until every iteration is recorded; return the last output."""
@@ -222,6 +240,8 @@ class RunLoop:
                  Phase.RECOVERING: self.recover}
         while self.phase is not Phase.DONE:
             self.phase = steps[self.phase]()
+        self._collect_evals(block=True)
+        self.recorder.flush()
         return self.last_done
 
     # ------------------------------------------------------------------ SUBMITTING
@@ -309,10 +329,61 @@ class RunLoop:
         """Record a finished graph's iterations; checkpoint when one is due."""
         _check_finite(done.first, output, self.settings.out, self.last_done)
         self.last_done = output
+        self._collect_evals(block=False)  # a finished one goes into this row
         self.size.observe(self.recorder.record(done.first, output))
         every = self.settings.checkpoint_every
         if (done.first + done.count) // every > done.first // every:
             _checkpoint(self.settings, output, self.recorder.counters)
+        every = self.settings.eval_every
+        if every and (done.first + done.count) // every > done.first // every:
+            self._submit_eval(output)
+
+    # ------------------------------------------------------------------ periodic evaluation
+
+    def _submit_eval(self, output: LearnerOutput) -> None:
+        """Evaluate ``output``'s weights in a task of the evaluate role, not waited for."""
+        placement, run = self.attempt.placement, self.attempt.run
+        inputs = IterationInputs(self.algo, placement, run, self.settings.seed,
+                                 output.version, self.total, None, self.settings.deterministic)
+        key = task_key("evaluate", 0, output.version, run)
+        notes: dict[str, Any] = {"resources": placement.resources["evaluate"].to_dask(),
+                                 "priority": EVAL_PRIORITY}
+        worker = placement.worker("evaluate", 0)
+        if worker is not None:
+            notes["workers"] = [worker]
+        with dask.annotate(**notes):
+            graph = delayed(Call(roles.evaluate, key), pure=False)(
+                inputs.context("evaluate", 0), self.algo, output, dask_key_name=key)
+        self.evals.append(PendingEval(output.version, output, dict(self.recorder.counters),
+                                      self.backend.submit(graph)))
+
+    def _collect_evals(self, block: bool) -> None:
+        """Record the evaluations that finished, oldest first (all of them with ``block``)."""
+        while self.evals:
+            pending = self.evals[0]
+            if not block and not self.backend.done(pending.handle, timeout=0):
+                return
+            self.evals.popleft()
+            try:
+                metrics = self._result(pending.handle)
+            except _LOST as exc:
+                print(f"daskrl: the evaluation of iteration {pending.iteration} was lost "
+                      f"({exc}); skipped", file=sys.stderr)
+                pending.handle.release()
+                continue
+            self._record_eval(pending, metrics)
+
+    def _record_eval(self, pending: PendingEval, metrics: dict[str, Any]) -> None:
+        """Its columns into the next row; ``best.pt`` when it beats every earlier one."""
+        mean = float(metrics["eval_return_mean"])
+        self.recorder.attach({"eval_return_mean": mean,
+                              "eval_return_std": metrics.get("eval_return_std", float("nan")),
+                              "eval_iteration": pending.iteration})
+        if math.isfinite(mean) and (self.best is None or mean > self.best):
+            self.best = mean
+            payload = _payload(self.settings, pending.output, pending.counters)
+            payload["eval"] = {"eval_return_mean": mean, "iteration": pending.iteration}
+            save_best(self.settings.out / "checkpoints", payload)
 
     # ------------------------------------------------------------------ RECOVERING
 
@@ -328,7 +399,7 @@ class RunLoop:
             ) from self.lost
         print(f"daskrl: iteration {lost_at + 1} lost ({self.lost}); placing the fragments "
               "again and resubmitting from the last finished iteration", file=sys.stderr)
-        self.release()
+        self.release(evaluations=False)  # they finish, or fail as lost and are skipped
         self.learner_in = None
         self.next = lost_at
         self.earlier.append(self.attempt.run)
@@ -357,8 +428,8 @@ class RunLoop:
                 # only becomes usable later (its resources, a distribution's conditions).
                 membership.wait(cursor, timeout=min(left, 1.0))
 
-    def release(self) -> None:
-        """Let go of every graph in flight.
+    def release(self, evaluations: bool = True) -> None:
+        """Let go of every graph in flight (and of the periodic evaluations).
 
         Release, not cancel: the scheduler's cancel walks into the next iteration's tasks,
         which no client holds, fails an assertion and drops this client.
@@ -366,6 +437,10 @@ class RunLoop:
         for pending in self.inflight:
             pending.handle.release()
         self.inflight.clear()
+        if evaluations:
+            for evaluation in self.evals:
+                evaluation.handle.release()
+            self.evals.clear()
 
     def checkpoint(self) -> None:
         """Checkpoint the last finished iteration (nothing when none finished yet)."""
@@ -412,7 +487,12 @@ def _checkpoint(settings: RunSettings, output: LearnerOutput, counters: dict[str
     """Checkpoint a finished iteration (the learner's version counts iterations)."""
     if not output.metrics:
         return  # nothing trained since the start or the resume
-    payload = {"version": output.version, "iteration": output.version, "learner": output.state,
-               "actors": output.actors, "counters": counters, "meta": settings.meta}
-    save_checkpoint(settings.out / "checkpoints", output.version, payload,
-                    keep=settings.keep_checkpoints)
+    save_checkpoint(settings.out / "checkpoints", output.version,
+                    _payload(settings, output, counters), keep=settings.keep_checkpoints)
+
+
+def _payload(settings: RunSettings, output: LearnerOutput, counters: dict[str, float]
+             ) -> dict[str, Any]:
+    """A checkpoint's content (the learner's version counts iterations)."""
+    return {"version": output.version, "iteration": output.version, "learner": output.state,
+            "actors": output.actors, "counters": counters, "meta": settings.meta}
