@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,102 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
     return out
 
 
+def _layer_shapes(layout: Any, spec: Any, slots: int, teams: list[int], split: bool
+                  ) -> list[tuple[int, int, int, bool]]:
+    """``(rows, in, out, first)`` of every linear layer a MAPPO minibatch of ``slots``
+    (step, env) slots runs through, per trained team (actor, then critic). ``split``: the
+    central critic's first layer takes the global state once per slot and the own
+    observation once per agent (else the concatenation once per agent)."""
+    shapes = []
+    for t in teams:
+        rows, d = slots * len(layout.agents[t]), layout.team_obs_dim(t)
+        widths = [d, *spec.hidden, layout.team_num_actions(t)]
+        shapes += [(rows, i, o, k == 0) for k, (i, o) in enumerate(pairwise(widths))]
+        state = layout.state_dim
+        widths = [d if split else d + state, *spec.hidden, 1]
+        for k, (i, o) in enumerate(pairwise(widths)):
+            if k == 0 and split:
+                shapes.append((slots, state, o, True))
+            shapes.append((rows, i, o, k == 0))
+    return shapes
+
+
+def _median_time(fn: Any, repeats: int) -> float:
+    """Median CPU seconds of ``fn()`` (process time: with one torch thread, the work alone,
+    far less sensitive than wall time to other jobs sharing the cores)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
+               split: bool = True, sigmoid_tanh: bool = True) -> dict[str, Any]:
+    """The MAPPO update's FLOP rate on one minibatch against ``torch.matmul`` on the same
+    layer shapes (one thread: call ``torch.set_num_threads`` first).
+
+    FLOPs count the matrix products of every linear layer: forward ``2 r i o``, weight
+    gradient ``2 r i o``, input gradient ``2 r i o`` except for the first layer (its input
+    needs none). The micro-benchmark times those same three products per layer with
+    ``torch.matmul`` (contiguous operands); ``gemm_fraction`` is its time over the update's
+    (1.0: the update runs at GEMM speed, all else free). Times are CPU seconds.
+    ``split``/``sigmoid_tanh`` switch the two speed-ups of :class:`marl.mappo.MAPPOModel`
+    (the critic's first layer split, tanh as a sigmoid) off for comparison.
+    """
+    import torch
+
+    from marl.mappo import (
+        EnvSpec,
+        MAPPOActor,
+        MAPPOHyper,
+        MAPPOLearner,
+        ModelSpec,
+        RolloutSpec,
+        layout_of,
+    )
+    from marl.mappo_model import swap_tanh
+
+    spec, model = EnvSpec("simple_tag"), ModelSpec()
+    layout = layout_of(spec)
+    envs = max(1, minibatch_agents // AGENTS_PER_ENV // spec.max_cycles)
+    learner = MAPPOLearner(layout, model, MAPPOHyper(update_epochs=1), seed)
+    learner.model.split_state_layer = split
+    if not sigmoid_tanh:
+        for net in [*learner.model.actors, *learner.model.critics]:
+            swap_tanh(net, torch.nn.Tanh)
+    actor = MAPPOActor(spec, model, RolloutSpec(), envs, seed + 1, "cpu")
+    actor.set_weights(learner.weights(), 0)
+    batch = actor.collect(spec.max_cycles)
+    mb = learner.minibatches([batch], 0.0)[0]
+    slots = len(mb["obs"])
+
+    def step() -> None:
+        grads, _ = learner.compute_gradients(mb)
+        learner.apply_gradients(grads)
+
+    update_s = _median_time(step, repeats)
+    shapes = _layer_shapes(layout, model, slots, learner.teams, split)
+    flops = sum(2 * r * i * o * (2 if first else 3) for r, i, o, first in shapes)
+    gemm_s = 0.0
+    for r, i, o, first in shapes:
+        x, w, dy = torch.randn(r, i), torch.randn(i, o), torch.randn(r, o)
+        wt, xt = w.t().contiguous(), x.t().contiguous()
+        gemm_s += _median_time(lambda x=x, w=w: torch.matmul(x, w), repeats)
+        gemm_s += _median_time(lambda xt=xt, dy=dy: torch.matmul(xt, dy), repeats)
+        if not first:
+            gemm_s += _median_time(lambda dy=dy, wt=wt: torch.matmul(dy, wt), repeats)
+    return {"mode": "flops", "split_state_layer": split, "sigmoid_tanh": sigmoid_tanh,
+            "slots": slots,
+            "agent_samples": slots * layout.num_agents,
+            "flops_per_sample": flops / (slots * layout.num_agents), "update_step_s": update_s,
+            "update_gflops": flops / update_s / 1e9, "gemm_s": gemm_s,
+            "gemm_gflops": flops / gemm_s / 1e9, "gemm_fraction": gemm_s / update_s,
+            "threads": torch.get_num_threads(), "load": load_average()["load_1m"]}
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of the results."""
     headers = ["agents", "mode", "workers", "device", "envs", "minibatches", "rollout s",
@@ -215,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="agent samples per minibatch (about)")
     p.add_argument("--malloc-trim", type=int, default=None,
                    help="MALLOC_TRIM_THRESHOLD_ of the Dask workers (default: Dask's, 65536)")
+    p.add_argument("--flops", action="store_true", help="only the update's FLOP rate on one "
+                   "minibatch of --minibatch-agents against torch.matmul on its layer shapes")
+    p.add_argument("--repeat-flops", type=int, default=3,
+                   help="--flops: rounds over the variants (medians over them)")
     p.add_argument("--quick", action="store_true", help="1000 agents, 1 timed iteration; "
                    "writes nothing unless --json is given")
     p.add_argument("--json", type=Path, default=None,
@@ -226,6 +327,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.flops:
+        rows = []
+        for _ in range(args.repeat_flops):  # variants interleaved: the load drifts
+            for split, sig in ((False, False), (True, False), (True, True)):
+                rows.append(flop_check(args.minibatch_agents, max(3, args.iterations),
+                                       split=split, sigmoid_tanh=sig))
+                print(rows[-1], flush=True)
+        if args.json is not None:
+            write_json(args.json, {"benchmark": "mappo_flops", "machine": machine_info(),
+                                   "settings": vars(args) | {"json": str(args.json)},
+                                   "results": rows})
+        return 0
     bad = [a for a in args.agents if a % AGENTS_PER_ENV]
     if bad:
         p.error(f"--agents {bad} must be multiples of {AGENTS_PER_ENV}")

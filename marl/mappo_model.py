@@ -8,16 +8,18 @@ The critic of a team sees either the global state plus the agent's own observati
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from daskrl.algos.networks import mlp, sample
 
-__all__ = ["CRITICS", "STATES", "MAPPOModel", "MAPPOPolicy", "ModelSpec", "TeamLayout",
-           "ValueNorm", "sample"]
+__all__ = ["CRITICS", "STATES", "MAPPOModel", "MAPPOPolicy", "ModelSpec", "SigmoidTanh",
+           "TeamLayout", "ValueNorm", "sample"]
 
 CRITICS = ("central", "local")
 STATES = ("concat", "pooled")
@@ -247,10 +249,12 @@ class MAPPOModel(nn.Module):
         self.layout, self.spec = layout, spec
         dims = [layout.team_obs_dim(t) for t in range(len(layout.names))]
         state_dim = layout.state_dim if spec.state == "concat" else sum(dims)
-        self.actors = nn.ModuleList([mlp(d, layout.team_num_actions(t), spec.hidden, out_std=0.01)
-                                     for t, d in enumerate(dims)])
+        self.actors = nn.ModuleList([
+            swap_tanh(mlp(d, layout.team_num_actions(t), spec.hidden, out_std=0.01),
+                       SigmoidTanh) for t, d in enumerate(dims)])
         critic_in = [d + (state_dim if spec.critic == "central" else 0) for d in dims]
-        self.critics = nn.ModuleList([mlp(d, 1, spec.hidden, out_std=1.0) for d in critic_in])
+        self.critics = nn.ModuleList([swap_tanh(mlp(d, 1, spec.hidden, out_std=1.0),
+                                                 SigmoidTanh) for d in critic_in])
         self.value_norms = nn.ModuleList([ValueNorm(enabled=spec.value_norm) for _ in dims])
         self._dims = dims
         self._slices = [_as_slice(a) for a in layout.agents]
@@ -301,9 +305,23 @@ class MAPPOModel(nn.Module):
         own = self.team_obs(obs, team)
         return self.actors[team](own.reshape(-1, own.shape[-1]))
 
+    split_state_layer: bool = True
+    """Run a central critic's first layer as ``W_state @ state`` once per env plus
+    ``W_own @ own`` per agent (the same weights, the same maths as on the concatenation),
+    instead of on ``[state, own]`` per agent: a team of ``A_team`` agents computes the
+    state's part ``A_team`` times fewer, and the ``[N * A_team, S + d]`` concatenation is
+    never built."""
+
     def values(self, obs: Tensor, team: int) -> Tensor:
         """Normalised-scale values ``[N, A_team]`` of ``team``'s agents."""
-        return self.critics[team](self.critic_input(obs, team)).view(len(obs), -1)
+        critic = self.critics[team]
+        if self.spec.critic == "local" or not self.split_state_layer:
+            return critic(self.critic_input(obs, team)).view(len(obs), -1)
+        state, own = self.global_state(obs), self.team_obs(obs, team)
+        first, s = critic[0], state.shape[-1]
+        h = F.linear(state, first.weight[:, :s], first.bias)[:, None, :] + F.linear(
+            own, first.weight[:, s:])  # [N, A_team, H]
+        return critic[1:](h).view(len(obs), -1)
 
     @torch.no_grad()
     def value(self, obs: Tensor, chunk: int = 1 << 16) -> Tensor:
@@ -361,6 +379,56 @@ class MAPPOModel(nn.Module):
         return [list(m.parameters()) for t in teams for m in (self.actors[t], self.critics[t])]
 
 
+class _SigmoidTanh(torch.autograd.Function):
+    """``tanh(x) = 2 sigmoid(2x) - 1``, with tanh's own backward ``g (1 - y^2)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # noqa: D102
+        y = torch.mul(x, 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # noqa: D102
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class SigmoidTanh(nn.Module):
+    """``nn.Tanh`` computed as ``2 sigmoid(2x) - 1`` (within 2e-7 of it in float32).
+
+    torch's CPU ``tanh`` kernel costs 3-9x its ``sigmoid`` on the same tensor (measured in
+    ``benchmarks/mappo_scale.md``), and the hidden layers' activations were about a fifth
+    of a MAPPO update's time; the backward is tanh's own. The training model uses it;
+    :class:`MAPPOPolicy` (exported, scripted) keeps ``nn.Tanh``.
+
+    Examples
+    --------
+    >>> x = torch.linspace(-6, 6, 101)
+    >>> bool((SigmoidTanh()(x) - torch.tanh(x)).abs().max() < 1e-6)
+    True
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``tanh(x)``."""
+        return _SigmoidTanh.apply(x)
+
+
+def swap_tanh(seq: nn.Sequential, to: type[nn.Module]) -> nn.Sequential:
+    """``seq`` with its ``nn.Tanh``/:class:`SigmoidTanh` activations replaced by ``to()``
+    (in place; no parameters change).
+
+    Examples
+    --------
+    >>> swap_tanh(nn.Sequential(nn.Linear(2, 2), nn.Tanh()), SigmoidTanh)[1]
+    SigmoidTanh()
+    """
+    for i, m in enumerate(seq):
+        if isinstance(m, (nn.Tanh, SigmoidTanh)):
+            seq[i] = to()
+    return seq
+
+
 def _as_slice(agents: tuple[int, ...]) -> slice | None:
     """A slice when ``agents`` are consecutive (a view instead of a gather)."""
     first = agents[0]
@@ -394,7 +462,7 @@ class MAPPOPolicy(nn.Module):
                  random_teams: frozenset[int] = frozenset()) -> None:
         super().__init__()
         lay = model.layout
-        self.actors = nn.ModuleList(model.actors)
+        self.actors = nn.ModuleList([swap_tanh(copy.deepcopy(a), nn.Tanh) for a in model.actors])
         self.deterministic = deterministic
         self.num_agents = lay.num_agents
         self.register_buffer("order", torch.tensor([i for a in lay.agents for i in a]))
