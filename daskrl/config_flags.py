@@ -154,7 +154,8 @@ def _wide_terminal() -> Any:
             os.environ["COLUMNS"] = before
 
 
-def parse_config(config_cls: type[T], args: Sequence[str], prog: str = "daskrl") -> T:
+def parse_config(config_cls: type[T], args: Sequence[str], prog: str = "daskrl",
+                 default: T | None = None) -> T:
     """A ``config_cls`` with graph flags ``args`` (e.g. ``["--num-envs", "4"]``) applied.
 
     Parameters
@@ -166,6 +167,9 @@ def parse_config(config_cls: type[T], args: Sequence[str], prog: str = "daskrl")
         ``--flag/--no-flag`` for booleans.
     prog
         The command named in error messages, e.g. ``daskrl train graphs/ppo.py``.
+    default
+        The values of the fields ``args`` does not set (``--config FILE.yaml``'s); None: the
+        Config's own defaults.
 
     Raises
     ------
@@ -195,7 +199,11 @@ def parse_config(config_cls: type[T], args: Sequence[str], prog: str = "daskrl")
     errors = io.StringIO()
     try:
         with _wide_terminal(), contextlib.redirect_stderr(errors):
-            parsed = tyro.cli(flag_class(config_cls), args=list(args), prog=prog)
+            cls = flag_class(config_cls)
+            start = None if default is None else cls(**{
+                f.name: getattr(default, f.name) for f in dataclasses.fields(config_cls)
+                if f.init})
+            parsed = tyro.cli(cls, args=list(args), prog=prog, default=start)
     except SystemExit as exc:
         if not exc.code:
             raise

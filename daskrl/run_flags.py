@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from daskrl.config_flags import check_flags, flags_of, graph_help, parse_config
 from daskrl.core.script import UserError, load_graph
+from daskrl.trained.config import config_from_dict, read_yaml
 
 GRAPH_COMMANDS = ("train", "graph")
 """The commands that take a graph script, and with it the flags of its ``Config``."""
@@ -69,13 +70,13 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--resources", action="append", default=[],
         metavar="ROLE=KEY:N[,KEY:N]",
         help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
+    add(train, "train", "--config", type=Path, default=None, metavar="FILE.yaml",
+        help="graph settings from a YAML file (a run's OUT/config.yaml, or keys named like "
+             "GRAPH's Config fields); flags on the line override it")
     add(train, "train", "--out", type=Path, default=None,
         help="output folder (default: runs/<graph>-<time>)")
     add(train, "train", "--resume", action="store_true",
-        help="continue from --out's newest checkpoint; a larger --steps extends the run, and "
-             "its learning-rate schedule goes on from the value it had reached down to its end "
-             "value at the new last iteration (the schedule is kept in the run's summary.json "
-             "and checkpoints)")
+        help="continue from --out's newest checkpoint; a larger --steps extends the run")
     add(train, "train", "--report", type=Path, default=None, metavar="FILE.html",
         help="save Dask's performance report of the run (task stream, worker profiles, "
              "bandwidth); needs a Dask scheduler, so not with --scheduler sync")
@@ -251,4 +252,11 @@ def parse_command_line(argv: Sequence[str]
         raise UserError(f"{path}: Config fields give the run flag(s) {', '.join(clash)} of "
                         f"`daskrl {command}`: rename those fields")
     check_flags(rest, module.Config, run_flags[command], prog)
-    return args, module, parse_config(module.Config, rest, prog)
+    base = None
+    if command == "train" and args.config is not None:
+        try:
+            base = config_from_dict(module.Config, read_yaml(args.config), f"--config "
+                                    f"{args.config}")
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return args, module, parse_config(module.Config, rest, prog, default=base)

@@ -204,3 +204,35 @@ def test_graph_command_passes_the_changed_fields_to_the_renderer(typed_graph, mo
     assert main(["graph", "--sizes", "3", "4", str(typed_graph), "--out", "g.svg",
                  "--critic", "central", "--distribution", "single"]) == 0, capsys.readouterr()
     assert calls == [(str(typed_graph), "single", Path("g.svg"), {"sizes": (3, 4)})]
+
+
+def test_a_config_file_sets_fields_and_flags_override_it(typed_graph, capsys):
+    config = typed_graph.parent / "run.yaml"
+    config.write_text("sizes: [16, 8]\ncritic: local\nnum_envs: 2\nlearning_rate: 1\n"
+                      "adam: {eps: 1.0e-7}\n")
+    script = str(typed_graph)
+    got = built_config(["train", script, "--scheduler", "sync", "--config", str(config),
+                        "--num-envs", "6"], typed_graph, capsys)
+    assert got == {**DEFAULTS, "sizes": [16, 8], "critic": "local", "num_envs": 6,
+                   "learning_rate": 1.0, "adam": {"eps": 1e-7}}
+
+
+CONFIG_ERRORS = {
+    "num_env: 2\n": "unknown key 'num_env'; did you mean 'num_envs'?",
+    "num_envs: many\n": "num_envs must be int, got 'many'",
+    "num_envs: [1\n": "not valid YAML (line 2)",
+    "- 1\n": "expected a mapping of setting names to values, got list",
+}
+
+
+@pytest.mark.parametrize("text", CONFIG_ERRORS)
+def test_a_bad_config_file_is_one_line_naming_it(typed_graph, capsys, text):
+    from daskrl.cli import main
+
+    config = typed_graph.parent / "bad.yaml"
+    config.write_text(text)
+    code = main(["train", str(typed_graph), "--scheduler", "sync", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"daskrl: error: --config {config}: {CONFIG_ERRORS[text]}"), err
+    assert not (typed_graph.parent / "built.json").exists()

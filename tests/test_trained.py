@@ -3,6 +3,7 @@ torch, without daskrl), ``daskrl.load_policy``, on a short real PPO run on CartP
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -169,3 +170,13 @@ def test_video_records_every_episode_to_mp4(trained, tmp_path):
     videos = sorted((tmp_path / "videos").glob("*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos), videos
     assert "videos: " in result.stdout
+
+
+def test_the_run_config_is_written_as_yaml_that_train_reads_back(trained):
+    from daskrl.run_flags import parse_command_line
+
+    path = trained / "config.yaml"
+    assert path.is_file() and "num_envs: 4" in path.read_text()
+    _, _, config = parse_command_line(["train", GRAPH, "--config", str(path)])
+    summary = json.loads((trained / "summary.json").read_text())
+    assert json.loads(json.dumps(dataclasses.asdict(config))) == summary["config"]

@@ -7,6 +7,7 @@ a :class:`~daskrl.runtime.run_loop.RunLoop` (submit ahead, record, recover, chec
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -54,6 +55,31 @@ def check_distribution(distribution: Distribution, algo: Algorithm, deterministi
     if deterministic and not distribution.deterministic:
         raise ValueError(f"--deterministic: the {distribution.name!r} distribution's results "
                          "depend on the order its tasks finish; choose a synchronous distribution")
+
+
+def write_config(out: Path, meta: dict[str, Any]) -> Path | None:
+    """Write the graph's config (``meta["config"]``) to ``out/config.yaml``, which
+    ``daskrl train GRAPH --config`` reads back; None when ``meta`` has no config.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> path = write_config(Path(tempfile.mkdtemp()), {"graph": "g.py",
+    ...                     "config": {"hidden": (64, 64), "env": "CartPole-v1"}})
+    >>> print(path.read_text().splitlines()[-4:])
+    ['env: CartPole-v1', 'hidden:', '- 64', '- 64']
+    """
+    if not meta.get("config"):
+        return None
+    import yaml
+
+    config = json.loads(json.dumps(meta["config"], default=str))  # tuples as lists
+    graph = meta.get("graph", "GRAPH")
+    path = out / "config.yaml"
+    path.write_text(f"# the graph settings of this run: `daskrl train {graph} --config "
+                    f"{path}` repeats them (flags override)\n"
+                    + yaml.safe_dump(config, sort_keys=True))
+    return path
 
 
 def finished_iterations(out: Path) -> int:
@@ -122,6 +148,7 @@ def train(
     check_distribution(distribution, algo, settings.deterministic)  # before any task
     start, first, counters = initial_output(algo, settings)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, settings.meta)
     placement = place(backend, algo, distribution)
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit
     total = max(1, math.ceil(settings.steps / algo.steps_per_iteration))

@@ -57,6 +57,10 @@ def config_from_dict(config_cls: type[T], data: Mapping[str, Any], source: str =
     Traceback (most recent call last):
     ...
     ValueError: run.yaml: unknown key 'hiden'; did you mean 'hidden'? (keys: hidden, lr)
+    >>> config_from_dict(Config, {"lr": "fast"}, "run.yaml")
+    Traceback (most recent call last):
+    ...
+    ValueError: run.yaml: lr must be float, got 'fast'
     """
     if not isinstance(data, Mapping):
         raise ValueError(f"{source}: expected a mapping of setting names to values, "
@@ -70,6 +74,13 @@ def config_from_dict(config_cls: type[T], data: Mapping[str, Any], source: str =
                              f"(keys: {', '.join(fields)})")
     hints = typing.get_type_hints(config_cls, include_extras=True)
     values = {k: _coerce(hints.get(k), v) for k, v in data.items()}
+    for key, value in values.items():
+        hint = hints.get(key)
+        if typing.get_origin(hint) is typing.Annotated:
+            hint = typing.get_args(hint)[0]
+        if hint in (int, float, str, bool) and (
+                not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
+            raise ValueError(f"{source}: {key} must be {hint.__name__}, got {value!r}")
     try:
         return config_cls(**values)
     except (TypeError, ValueError) as exc:
