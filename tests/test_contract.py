@@ -41,8 +41,9 @@ MEMBERS = ("name", "requires", "dynamic", "required", "check", "fragments", "ite
 """Every member of :class:`Distribution`: what the driver, CLI and renderer may call."""
 
 SERVES = {"actors-learner": True, "single": True, "data-parallel": True,
-          "central-inference": False, "async": False}
-"""Whether each distribution serves MAPPO (its actor is neither split nor a gradient actor)."""
+          "central-inference": False, "async": False, "impala": False}
+"""Whether each distribution serves MAPPO (its actor is neither split nor a gradient actor,
+nor records V-trace sequences)."""
 
 
 def _learner(seed: int, device: str) -> Any:
@@ -178,8 +179,11 @@ def test_the_graphs_declare_what_they_offer():
     algos = {"ppo": ppo.build(ppo.Config()), "a3c": a3c.build(a3c.Config()),
              "mappo": mappo.build(mappo.Config(num_envs=4, num_steps=5))}
     served = {g: {n for n in NAMES if _serves(n, a)} for g, a in algos.items()}
-    assert served["ppo"] == set(NAMES) - {"async"}
-    assert served["a3c"] == set(NAMES)
+    assert served["ppo"] == set(NAMES) - {"async", "impala"}  # impala: with --vtrace
+    assert served["a3c"] == set(NAMES) - {"impala"}
+    vtrace_ppo = ppo.build(ppo.Config(vtrace=True))
+    assert {n for n in NAMES if _serves(n, vtrace_ppo)} == set(NAMES) - {
+        "async", "central-inference"}
     assert served["mappo"] == {n for n, ok in SERVES.items() if ok}
     assert algos["a3c"].distribution == "async"
     assert algos["ppo"].distribution == algos["mappo"].distribution == "actors-learner"

@@ -3,7 +3,7 @@
 A distribution is picked by name, with options after a colon:
 ``actors-learner`` (``actors-learner:stale=1`` overlaps rollouts with the update, one
 update behind), ``central-inference:env_groups=2``, ``data-parallel:allreduce=torch``,
-``single:iterations_per_task=4``, ``async``.
+``single:iterations_per_task=4``, ``async``, ``impala:in_flight=2`` (free-running actors).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from daskrl.distributions.async_grads import AsyncGradients
 from daskrl.distributions.base import Distribution, IterationInputs, Unsupported, parse_spec
 from daskrl.distributions.central_inference import CentralInference
 from daskrl.distributions.data_parallel import DataParallel
+from daskrl.distributions.impala import Impala
 from daskrl.distributions.single import Single
 
 KINDS: dict[str, type[Distribution]] = {
     cls.name: cls
-    for cls in (ActorsLearner, CentralInference, DataParallel, Single, AsyncGradients)
+    for cls in (ActorsLearner, CentralInference, DataParallel, Single, AsyncGradients, Impala)
 }
 """Distribution name -> class (its constructor's keyword arguments are its options)."""
 

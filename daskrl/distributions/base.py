@@ -88,6 +88,9 @@ class Distribution(ABC):
     dynamic: ClassVar[bool] = False
     """True when :meth:`iteration` submits tasks as it runs, so that :meth:`sketch` draws a
     static stand-in instead."""
+    replaceable: ClassVar[frozenset[str]] = frozenset()
+    """Roles whose tasks the distribution moves to another worker itself when theirs is
+    lost: losing a worker that hosted only these does not stop the run."""
 
     def required(self, algo: Algorithm) -> dict[str, str]:
         """The capabilities it needs of ``algo`` with these options, each with the fix to

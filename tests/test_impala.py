@@ -1,0 +1,194 @@
+"""The ``impala`` distribution: free-running actors on real workers, lag recorded per batch,
+a killed actor worker that does not stop the learner, learning, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from daskrl.core.script import load_graph
+from daskrl.distributions import Unsupported, get_distribution
+from daskrl.distributions.base import IterationInputs
+from daskrl.runtime.backend import SyncBackend
+from daskrl.runtime.driver import place
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "daskrl.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=_env(), timeout=timeout)
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=_env(),
+                            start_new_session=True, cwd=ROOT)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_input_is_one_line_before_any_worker() -> None:
+    with pytest.raises(ValueError, match=r"^option max_lag='-1' must be >= 0$"):
+        get_distribution("impala:max_lag=-1")
+    ppo = load_graph(str(ROOT / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config())  # no --vtrace: its batches carry no sequences
+    with pytest.raises(Unsupported, match="'vtrace' capability.*graphs/ppo.py --vtrace"):
+        get_distribution("impala").check(algo)
+    get_distribution("impala").check(ppo.build(ppo.Config(vtrace=True)))
+    done = _cli("train", "graphs/ppo.py", "--distribution", "impala", "--steps", "1000",
+                "--out", "/tmp/daskrl-impala-refused")
+    assert done.returncode != 0
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "'vtrace' capability" in lines[0], done.stderr
+
+
+# ------------------------------------------------------------------ sync, placement, sketch
+
+
+def test_placement_keeps_actors_off_the_learner_and_sketch_shows_the_pipeline() -> None:
+    from daskrl.core.placement import plan_placement
+
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=3))
+    dist = get_distribution("impala:in_flight=2")
+    p = plan_placement(dist.fragments(algo), {"a": {"CPU": 1}, "b": {"CPU": 1}, "c": {"CPU": 1}})
+    assert p.workers["learner"] == ("a",) and set(p.workers["rollout"]) == {"b", "c"}
+    graph = dist.sketch(IterationInputs(algo, p, "run", 0, 0, 10, None))
+    keys = {str(k) for k in dict(graph.dask)}
+    assert {f"rollout-{a}-it0-s{j}-run" for a in range(3) for j in range(3)} & keys
+    assert {"update-v1-it0-run", "update-v3-it0-run", "publish-v3-it0-run"} <= keys
+    assert sum(k.startswith("rollout-") for k in keys) == 3 * 2 + 3  # K each + one per batch
+
+
+def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
+    from daskrl.runtime.driver import RunSettings, train
+
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=16))
+    dist = get_distribution("impala")
+    assert place(SyncBackend(), algo, dist).worker("learner", 0) == "local"
+    summary = train(SyncBackend(), algo, dist,
+                    RunSettings(out=tmp_path, steps=4 * 64, eval=False, progress=False))
+    rows = _rows(tmp_path / "metrics.csv")
+    assert summary["iterations"] == 4 and len(rows) == 4
+    assert all(r["policy_lags"] == "0:0 1:0" for r in rows)
+
+
+# ------------------------------------------------------------------ real workers
+
+
+def test_learns_cartpole_with_free_running_actors(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = _cli("train", "graphs/impala.py", "--workers", "2", "--steps", "80000", "--seed", "1",
+                "--out", str(out), "--no-progress", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["distribution"] == "impala"
+    assert summary["eval_return_mean"] >= 195, summary
+    rows = _rows(out / "metrics.csv")
+    for r in rows:  # every batch's lag, in arrival order: one per actor per iteration
+        lags = r["policy_lags"].split()
+        assert len(lags) == 2 and all(int(x.split(":")[1]) >= 0 for x in lags)
+        assert 0 < float(r["learner_busy"]) <= 1
+    # the actors did not wait for the learner: batches acted on weights updates behind
+    assert max(float(r["policy_lag_max"]) for r in rows) >= 1
+    # the learner and the actors sat on different workers
+    assert {r["learner_worker"] for r in rows}.isdisjoint(
+        {w.split("@")[1] for r in rows for w in r["rollout_workers"].split(";")})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_killed_actor_worker_does_not_stop_the_learner(tmp_path: Path) -> None:
+    """``--scheduler ADDRESS`` with nanny workers l (learner), x and y (actors): kill -9 x
+    mid-run; the learner goes on (no recovery, every iteration once), x's actor goes on
+    elsewhere or on x's replacement."""
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [_spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                     "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--dashboard-address",
+                     "127.0.0.1:0"], tmp_path / "scheduler.log")]
+    for name in ("l", "x", "y"):
+        procs.append(_spawn([sys.executable, "-m", "distributed.cli.dask_worker", address,
+                             "--host", "127.0.0.1", "--nthreads", "1", "--name", name,
+                             "--resources", "CPU=1", "--dashboard-address", "127.0.0.1:0"],
+                            tmp_path / f"worker-{name}.log"))
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    try:
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(3, timeout=120)
+            names = {a: str(w["name"]) for a, w in client.scheduler_info(n_workers=-1)
+                     ["workers"].items()}
+            pids = {names[a]: pid for a, pid in client.run(os.getpid).items()}
+        iterations = 30
+        train = _spawn([sys.executable, "-m", "daskrl.cli", "train", "graphs/impala.py",
+                        "--scheduler", address, "--distribution", "impala:iterations_per_task=1",
+                        "--num-actors", "2", "--num-envs", "4", "--num-steps", "32",
+                        "--env-step-cost", "0.0003", "--steps", str(iterations * 256),
+                        "--out", str(out), "--no-progress", "--no-eval"], log)
+        procs.append(train)
+        deadline = time.monotonic() + 120
+        while len(_rows(out / "metrics.csv")) < 4:
+            assert train.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        killed_at = len(_rows(out / "metrics.csv"))
+        os.kill(pids["x"], signal.SIGKILL)
+        assert train.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        _stop(procs)
+    text = log.read_text()
+    assert "lost (" not in text, text[-3000:]  # the learner was never resubmitted
+    rows = _rows(out / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, iterations + 1))
+    assert {r["learner_worker"] for r in rows} == {"l"}
+    assert killed_at < iterations  # the kill landed mid-run
+    later = rows[killed_at + 1:]
+    # x's actor kept landing batches, its envs rebuilt on y or on x's replacement
+    def landed(rs: list[dict[str, str]], where: str = "@") -> set[str]:
+        return {w.split("@")[0] for r in rs for w in r["rollout_workers"].split(";")
+                if where in w}
+
+    x_actor = landed(rows[:killed_at], "@x")
+    assert x_actor, [r["rollout_workers"] for r in rows[:killed_at]]
+    assert any(int(r["actors_built"]) for r in later), [r["rollout_workers"] for r in later]
+    assert x_actor <= landed(later[-5:]), [r["rollout_workers"] for r in later]
+    assert all(len(r["policy_lags"].split()) == 2 for r in rows)
