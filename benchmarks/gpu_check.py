@@ -14,7 +14,13 @@ Needs torch and this repository only (``dask`` is not needed: when it is missing
 writes everything to ``$OUT/gpu_check.json`` when ``OUT`` is set. Stops starting sections
 once ``--budget-s`` (default 390 s) is spent.
 
-Run: ``python benchmarks/gpu_check.py`` (``--budget-s 200`` for a shorter run).
+Run: ``python benchmarks/gpu_check.py`` (``--budget-s 200`` for a shorter run). Without a
+GPU (or with ``--dry-run``) it runs every section on the CPU at 1/1000 of the agents within
+120 s, to check the script itself before a GPU machine is spent on it:
+``python benchmarks/gpu_check.py --dry-run``.
+
+The GPU target it reads off: ``mappo_1m``'s ``ms_per_env_step`` (the iteration's time over
+its 25 env steps, rollout and update together) at most 150 ms on one H200.
 """
 
 from __future__ import annotations
@@ -146,6 +152,7 @@ def mappo(agents: int, iterations: int = 2) -> dict[str, Any]:
     res = time_inline(agents, DEVICE, iterations=iterations, update_epochs=4,
                       minibatch_agents=1 << 20)
     res.pop("iteration_s_all", None)
+    res["ms_per_env_step"] = res["iteration_s"] / 25 * 1e3  # the GPU target's unit
     return res
 
 
@@ -157,12 +164,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke test")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every agent count (e.g. 0.001 with --device cpu)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="--device cpu --scale 0.001 --budget-s 120: check the script itself")
     args = p.parse_args(argv)
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available() and not args.dry_run:
+        print("no GPU visible to torch: running the CPU dry run instead (--dry-run)", flush=True)
+        args.dry_run = True
+    if args.dry_run:
+        args.device, args.scale, args.budget_s = "cpu", min(args.scale, 0.001), min(
+            args.budget_s, 120.0)
+        torch.set_num_threads(1)  # a shared CPU: more threads only wait on each other
     global DEVICE
     DEVICE = args.device
     start = time.perf_counter()
     report: dict[str, Any] = {"sections": {}, "budget_s": args.budget_s,
-                              "daskrl": _load_daskrl(), "scale": args.scale}
+                              "daskrl": _load_daskrl(), "scale": args.scale,
+                              "device": args.device, "dry_run": args.dry_run,
+                              "load_1m": os.getloadavg()[0]}
 
     def n(agents: int) -> int:
         return max(4, int(agents * args.scale) // 4 * 4)
@@ -186,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sweep_4m", lambda: mappo(n(4_000_000), iterations=1), lambda: after_1m(4.0)),
     ]
     for name, fn, needs in plan:
-        needs_s = needs() if callable(needs) else needs
+        needs_s = (needs() if callable(needs) else needs) * (0.1 if args.dry_run else 1.0)
         elapsed = time.perf_counter() - start
         if elapsed + needs_s > args.budget_s:
             report["sections"][name] = {"skipped": f"budget: {elapsed:.0f}s spent, "
