@@ -116,8 +116,11 @@ def run_parser(graph_flags_help: str | None = None
              f"names: {names}")
     add(graph, "graph", "--out", type=Path, required=True,
         help="picture file: .svg, .png or .pdf")
-    plot = sub.add_parser("plot", help="learning-curve PNGs of a run folder",
-                          description="Write returns.png, speed.png and losses.png for a run.",
+    plot = sub.add_parser("plot", help="learning curves of a run folder (PNG and SVG)",
+                          description="Write returns, speed and losses figures (.png and .svg) "
+                                      "for a run: returns raw and smoothed with evaluation "
+                                      "points, env steps per second of each iteration, one "
+                                      "panel per loss on its own scale.",
                           allow_abbrev=False)
     plot.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     plot.add_argument("--out", type=Path, default=None, help="where to write (default: run_dir)")

@@ -5,14 +5,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-
-PANELS = {
-    "returns.png": ("episode return", lambda c: c == "episode_return_mean"
-                    or c.startswith("return_mean/")),
-    "speed.png": ("env steps per second", lambda c: c in ("env_steps_per_s",
-                                                           "agent_steps_per_s")),
-    "losses.png": ("loss", lambda c: c.startswith("losses/")),
-}
+from typing import Any
 
 
 def read_metrics(run_dir: Path) -> dict[str, list[float]]:
@@ -33,8 +26,52 @@ def read_metrics(run_dir: Path) -> dict[str, list[float]]:
     return columns
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """Write ``returns.png``, ``speed.png`` and ``losses.png`` against env steps.
+FORMATS = ("png", "svg")
+"""Every figure is written in each format: PNG to look at, SVG to zoom and publish."""
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing mean of the last ``window`` finite values at each point (NaN before any).
+
+    Examples
+    --------
+    >>> smooth([1.0, 3.0, math.nan, 5.0], 2)
+    [1.0, 2.0, 2.0, 4.0]
+    """
+    out, recent = [], []
+    for v in values:
+        if not math.isnan(v):
+            recent = [*recent, v][-window:]
+        out.append(sum(recent) / len(recent) if recent else math.nan)
+    return out
+
+
+def iteration_speed(data: dict[str, list[float]]) -> list[float]:
+    """Env steps per second of each iteration on its own (not the run's running mean):
+    ``iteration_env_steps / iteration_s``, else differences of the cumulative columns.
+
+    Examples
+    --------
+    >>> iteration_speed({"iteration_env_steps": [100.0, 100.0], "iteration_s": [1.0, 0.5]})
+    [100.0, 200.0]
+    >>> iteration_speed({"env_steps": [100.0, 300.0], "wall_s": [2.0, 3.0]})
+    [50.0, 200.0]
+    """
+    steps, secs = data.get("iteration_env_steps"), data.get("iteration_s")
+    if steps is None or secs is None:
+        cum_steps, wall = data["env_steps"], data["wall_s"]
+        steps = [b - a for a, b in zip([0.0, *cum_steps], cum_steps, strict=False)]
+        secs = [b - a for a, b in zip([0.0, *wall], wall, strict=False)]
+    return [n / t if t > 0 else math.nan for n, t in zip(steps, secs, strict=True)]
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None, window: int = 10) -> list[Path]:
+    """Write ``returns``, ``speed`` and ``losses`` figures (PNG and SVG) against env steps.
+
+    ``returns``: each return column raw (thin) and smoothed over ``window`` iterations,
+    with the periodic evaluations (``eval_return_mean`` ± ``eval_return_std``) as points;
+    ``speed``: env steps per second of each iteration, raw and smoothed; ``losses``: one
+    panel per ``losses/*`` column, each on its own scale.
 
     Examples
     --------
@@ -50,23 +87,66 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     out_dir = out_dir or run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     x = data.get("env_steps") or data["iteration"]
-    written = []
-    for name, (ylabel, pick) in PANELS.items():
-        cols = [c for c in data if pick(c)]
-        if not cols:
-            continue
-        fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
-        for col in cols:
-            ax.plot(x, data[col], label=col, linewidth=1.2)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        if len(cols) > 1:
-            ax.legend(fontsize=7)
-        ax.set_title(f"{run_dir.name}: {ylabel}")
+    xlabel = "env steps" if "env_steps" in data else "iteration"
+    written: list[Path] = []
+
+    def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path)
+        for fmt in FORMATS:
+            path = out_dir / f"{name}.{fmt}"
+            with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text
+                fig.savefig(path)
+            written.append(path)
         plt.close(fig)
-        written.append(path)
+
+    def curve(ax: Any, values: list[float], label: str, color: str) -> None:
+        ax.plot(x, values, color=color, alpha=0.3, linewidth=0.8)
+        ax.plot(x, smooth(values, window), color=color, linewidth=1.6,
+                label=f"{label} (mean of {window} iterations)")
+
+    returns = [c for c in data if c == "episode_return_mean" or c.startswith("return_mean/")]
+    evals = [i for i, v in enumerate(data.get("eval_return_mean", [])) if not math.isnan(v)]
+    if returns or evals:
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+        for i, col in enumerate(returns):
+            curve(ax, data[col], col.replace("episode_return_mean", "training episodes"),
+                  f"C{i}")
+        if evals:
+            std = data.get("eval_return_std", [0.0] * len(x))
+            ax.errorbar([x[i] for i in evals], [data["eval_return_mean"][i] for i in evals],
+                        yerr=[0.0 if math.isnan(std[i]) else std[i] for i in evals],
+                        fmt="o", color="black", markersize=4, capsize=3,
+                        label="evaluation (mean ± std)")
+        ax.set(xlabel=xlabel, ylabel="return per episode (sum of rewards)",
+               title=f"{run_dir.name}: episode return")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        save(fig, "returns")
+    if "iteration_s" in data or "wall_s" in data:
+        fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+        curve(ax, iteration_speed(data), "per iteration", "C2")
+        ax.set(xlabel=xlabel, ylabel="env steps per second",
+               title=f"{run_dir.name}: speed of each iteration")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        save(fig, "speed")
+    losses = sorted(c for c in data if c.startswith("losses/"))
+    if losses:
+        cols = min(3, len(losses))
+        rows = -(-len(losses) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), dpi=110,
+                                 squeeze=False)
+        for ax, col in zip(axes.flat, losses, strict=False):
+            curve(ax, data[col], "raw", "C3")
+            ax.set_title(col.removeprefix("losses/").replace("_", " "), fontsize=9)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.set_ylabel("value (own scale)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        for ax in list(axes.flat)[len(losses):]:
+            ax.set_visible(False)
+        fig.suptitle(f"{run_dir.name}: losses, one panel each "
+                     f"(thin: per iteration; thick: mean of {window})", fontsize=10)
+        save(fig, "losses")
     return written
