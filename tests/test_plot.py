@@ -20,8 +20,8 @@ def write_run(run: Path, n: int = 30) -> None:
     losses three orders of magnitude apart."""
     run.mkdir()
     cols = ["iteration", "env_steps", "wall_s", "episode_return_mean", "iteration_env_steps",
-            "iteration_s", "losses/policy_loss", "losses/value_loss", "eval_return_mean",
-            "eval_return_std"]
+            "iteration_s", "losses/policy_loss", "losses/value_loss", "eval_iteration",
+            "eval_return_mean", "eval_return_std"]
     wall = 0.0
     with (run / "metrics.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, cols)
@@ -33,13 +33,17 @@ def write_run(run: Path, n: int = 30) -> None:
             w.writerow({"iteration": i + 1, "env_steps": 1000 * (i + 1), "wall_s": wall,
                         "episode_return_mean": 10 + i, "iteration_env_steps": 1000,
                         "iteration_s": secs, "losses/policy_loss": 0.001 * math.sin(i),
-                        "losses/value_loss": 50 + i, "eval_return_mean": 20 + i if ev else "",
-                        "eval_return_std": 2.0 if ev else ""})
+                        "losses/value_loss": 50 + i})
+            if ev:  # a periodic evaluation: a row of its own, as the run writes it
+                w.writerow({"env_steps": 1000 * n, "eval_iteration": i + 1,
+                            "eval_return_mean": 20 + i, "eval_return_std": 2.0})
 
 
 def test_speed_is_per_iteration_not_the_running_mean(tmp_path):
     write_run(tmp_path / "run")
     data = read_metrics(tmp_path / "run")
+    data = {k: [x for x, it in zip(v, data["iteration"], strict=True) if not math.isnan(it)]
+            for k, v in data.items()}
     speed = iteration_speed(data)
     assert speed[:15] == [1000.0] * 15 and speed[15:] == [2000.0] * 15
     running = data["env_steps"][-1] / data["wall_s"][-1]  # what env_steps_per_s would show
@@ -94,3 +98,24 @@ def test_plot_of_a_missing_run_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert re.fullmatch(r"daskrl: error: .*metrics.csv not found.*\n", done.stderr)
+
+
+def test_evaluations_are_drawn_at_the_iteration_they_evaluated(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.axes
+
+    run = tmp_path / "run"
+    write_run(run)
+    drawn = []
+    real = matplotlib.axes.Axes.errorbar
+
+    def spy(ax, x, y, *args, **kwargs):
+        drawn.append((list(x), list(y)))
+        return real(ax, x, y, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(matplotlib.axes.Axes, "errorbar", spy)
+        plot_run(run)
+    assert drawn == [([10_000.0, 20_000.0, 30_000.0], [29.0, 39.0, 49.0])]

@@ -111,3 +111,12 @@ def test_learner_bound_advice_names_fewer_larger_minibatches() -> None:
 
     text = bottleneck({"learning": 1.0, "env stepping": 0.1}, {"num_minibatches": 8})
     assert text.startswith("learner-bound: fewer, larger minibatches (--num-minibatches 4")
+
+
+def test_periodic_evaluation_rows_do_not_blank_the_profile(tmp_path: Path) -> None:
+    (tmp_path / "metrics.csv").write_text(
+        "iteration,iteration_s,time/env_s,time/learn_s,time/idle_s,eval_return_mean\n"
+        "1,9.0,1.0,1.0,7.0,\n2,0.5,0.25,0.125,0.125,\n,,,,,42.0\n3,0.5,0.25,0.125,0.125,\n")
+    text = report(tmp_path)
+    assert "nan" not in text and text.startswith("mean iteration: 500.0 ms"), text
+    assert "Dask overhead share: 25.0% of wall time" in text

@@ -83,11 +83,19 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, window: int = 10) -> li
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = read_metrics(run_dir)
+    raw = read_metrics(run_dir)
     out_dir = out_dir or run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
+    # training rows have an iteration; periodic evaluations write rows of their own
+    its = raw.get("iteration", [])
+    keep = [i for i, v in enumerate(its) if not math.isnan(v)] or list(range(len(its)))
+    data = {k: [v[i] for i in keep] for k, v in raw.items()}
     x = data.get("env_steps") or data["iteration"]
     xlabel = "env steps" if "env_steps" in data else "iteration"
+    at = dict(zip(data.get("iteration", []), x, strict=False))
+    evals = [(at.get(it, math.nan), mean, std) for it, mean, std in zip(
+        raw.get("eval_iteration", raw.get("iteration", [])), raw.get("eval_return_mean", []),
+        raw.get("eval_return_std", [0.0] * len(its)), strict=False) if not math.isnan(mean)]
     written: list[Path] = []
 
     def save(fig: Any, name: str) -> None:
@@ -105,16 +113,14 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, window: int = 10) -> li
                 label=f"{label} (mean of {window} iterations)")
 
     returns = [c for c in data if c == "episode_return_mean" or c.startswith("return_mean/")]
-    evals = [i for i, v in enumerate(data.get("eval_return_mean", [])) if not math.isnan(v)]
     if returns or evals:
         fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
         for i, col in enumerate(returns):
             curve(ax, data[col], col.replace("episode_return_mean", "training episodes"),
                   f"C{i}")
         if evals:
-            std = data.get("eval_return_std", [0.0] * len(x))
-            ax.errorbar([x[i] for i in evals], [data["eval_return_mean"][i] for i in evals],
-                        yerr=[0.0 if math.isnan(std[i]) else std[i] for i in evals],
+            ax.errorbar([e[0] for e in evals], [e[1] for e in evals],
+                        yerr=[0.0 if math.isnan(e[2]) else e[2] for e in evals],
                         fmt="o", color="black", markersize=4, capsize=3,
                         label="evaluation (mean ± std)")
         ax.set(xlabel=xlabel, ylabel="return per episode (sum of rewards)",
@@ -124,9 +130,11 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, window: int = 10) -> li
         save(fig, "returns")
     if "iteration_s" in data or "wall_s" in data:
         fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-        curve(ax, iteration_speed(data), "per iteration", "C2")
+        speed = iteration_speed(data)
+        curve(ax, [math.nan, *speed[1:]], "per iteration", "C2")  # the first: start-up
         ax.set(xlabel=xlabel, ylabel="env steps per second",
-               title=f"{run_dir.name}: speed of each iteration")
+               title=f"{run_dir.name}: speed of each iteration (the first, start-up, "
+                     "left out)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -356,8 +356,8 @@ def breakdown(run_dir: Path, skip: int = 1) -> dict[str, float]:
     data = read_metrics(run_dir)
     if "iteration_s" not in data:
         raise ValueError(f"{run_dir}/metrics.csv has no iteration_s column: not a daskrl run?")
-    n = len(data["iteration_s"])
-    rows = range(min(skip, n - 1), n)
+    trained = [i for i, v in enumerate(data["iteration_s"]) if not math.isnan(v)]
+    rows = trained[min(skip, len(trained) - 1):]  # periodic evaluations' rows have no time
     modern = any(not math.isnan(v) for v in data.get(PARTS["learning"], []))
     parts = PARTS if modern else LEGACY_PARTS
     out: dict[str, float] = {}
@@ -417,11 +417,53 @@ def report(run_dir: Path) -> str:
     for label, value in parts.items():
         share = value / total if total > 0 else float("nan")
         lines.append(f"  {label:<30} {value * 1e3:8.1f} ms  {share:6.1%}")
-    rows = _rows(run_dir)[1:]  # the first pays for worker start-up, as in the summary
+    rows = [r for r in _rows(run_dir) if not math.isnan(r.get("iteration_s", math.nan))][1:]
+    # (the first iteration pays for worker start-up, and is left out of the summary too)
     lines.append(f"Dask overhead share: {overhead_share(rows):.1%} of wall time (transfer, "
                  "scheduler and idle; summary.json's dask_overhead_share)")
     lines.append(f"bottleneck: {bottleneck(parts, _config(run_dir))}")
+    waits = learner_waits(rows, _config(run_dir))
+    if waits is not None:
+        lines.append(waits)
     return "\n".join(lines)
+
+
+BUSY_TARGET = 0.95
+"""The learner busy share below which a learner on its own clock counts as actor-bound."""
+
+
+def learner_waits(rows: list[dict[str, float]], config: Mapping[str, Any] | None = None
+                  ) -> str | None:
+    """For a learner on its own clock (``impala``: rows with ``learner_busy``), its busy
+    share and, when it waited for batches, how many actors to add (from the rows'
+    ``actors_for_busy``: actors whose batches would land one per update). None for other
+    runs.
+
+    Examples
+    --------
+    >>> rows = [{"learner_busy": 0.6, "actors_for_busy": 4.0}] * 3
+    >>> learner_waits(rows, {"num_actors": 2})[:68]
+    'learner busy: 60.0% of wall time (waiting for batches 40.0%); actor-'
+    >>> learner_waits(rows, {"num_actors": 2}).split("; ")[1][:44]
+    'actor-bound: add 2 actors (--num-actors 4), '
+    >>> learner_waits([{"learner_busy": 0.99}]) is None or "actor-bound" not in learner_waits(
+    ...     [{"learner_busy": 0.99}])
+    True
+    """
+    busy = [r["learner_busy"] for r in rows if not math.isnan(r.get("learner_busy", math.nan))]
+    if not busy:
+        return None
+    share = statistics.fmean(busy)
+    line = f"learner busy: {share:.1%} of wall time (waiting for batches {1 - share:.1%})"
+    if share >= BUSY_TARGET:
+        return line
+    want = [r["actors_for_busy"] for r in rows
+            if not math.isnan(r.get("actors_for_busy", math.nan))]
+    have = int((config or {}).get("num_actors") or 0)
+    add = max(1, math.ceil(statistics.median(want)) - have) if want and have else 1
+    flag = f" (--num-actors {have + add})" if have else ""
+    return (f"{line}; actor-bound: add {add} actor{'s' if add > 1 else ''}{flag}, each with a "
+            "core of its own (--workers), so that a batch is there when an update ends")
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:
