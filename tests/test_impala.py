@@ -19,6 +19,7 @@ from distributed import Client
 from daskrl.core.script import load_graph
 from daskrl.distributions import Unsupported, get_distribution
 from daskrl.distributions.base import IterationInputs
+from daskrl.observe.profile import report
 from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.driver import place
 
@@ -103,10 +104,15 @@ def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
     dist = get_distribution("impala")
     assert place(SyncBackend(), algo, dist).worker("learner", 0) == "local"
     summary = train(SyncBackend(), algo, dist,
-                    RunSettings(out=tmp_path, steps=4 * 64, eval=False, progress=False))
+                    RunSettings(out=tmp_path, steps=4 * 64, eval=False, progress=False,
+                                meta={"graph": "graphs/impala.py", "config": {"num_actors": 2}}))
     rows = _rows(tmp_path / "metrics.csv")
     assert summary["iterations"] == 4 and len(rows) == 4
     assert all(r["policy_lags"] == "0:0 1:0" for r in rows)
+    # in turn, the learner waits for every rollout: profile says actor-bound, and by how much
+    assert all(0 < float(r["learner_busy"]) < 0.95 for r in rows)
+    text = report(tmp_path)
+    assert "actor-bound: add" in text and "(--num-actors " in text, text
 
 
 # ------------------------------------------------------------------ real workers
@@ -127,6 +133,7 @@ def test_learns_cartpole_with_free_running_actors(tmp_path: Path) -> None:
         assert 0 < float(r["learner_busy"]) <= 1
     # the actors did not wait for the learner: batches acted on weights updates behind
     assert max(float(r["policy_lag_max"]) for r in rows) >= 1
+    assert "learner busy: " in report(out)
     # the learner and the actors sat on different workers
     assert {r["learner_worker"] for r in rows}.isdisjoint(
         {w.split("@")[1] for r in rows for w in r["rollout_workers"].split(";")})
@@ -158,7 +165,7 @@ def test_killed_actor_worker_does_not_stop_the_learner(tmp_path: Path) -> None:
             names = {a: str(w["name"]) for a, w in client.scheduler_info(n_workers=-1)
                      ["workers"].items()}
             pids = {names[a]: pid for a, pid in client.run(os.getpid).items()}
-        iterations = 30
+        iterations = 24
         train = _spawn([sys.executable, "-m", "daskrl.cli", "train", "graphs/impala.py",
                         "--scheduler", address, "--distribution", "impala:iterations_per_task=1",
                         "--num-actors", "2", "--num-envs", "4", "--num-steps", "32",

@@ -190,7 +190,9 @@ def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
             it = _Iteration(time.time())
             for a in range(n):
                 current = LearnerOutput(updates, {}, learner.weights())
+                t0 = time.time()  # the learner waits while the actor steps, in this thread
                 batch = free_rollout(actor_ctx(a, j), algo, current)
+                it.wait_s += time.time() - t0
                 it.metrics = learner.update([batch], progress(j, a))
                 updates += 1
                 it.stats.append(batch["stats"])
