@@ -292,3 +292,20 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
     assert untaken.cluster is not None and untaken.cluster.status.name == "closed"
     with pytest.raises(OSError):
         Client(untaken.cluster.scheduler_address, timeout=2)
+
+
+def test_the_readme_graph_runs_as_written_and_its_policy_evaluates(tmp_path):
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Your own graph"):]
+    start = section.index("```python\n") + len("```python\n")
+    block = section[start:section.index("\n```", start)]
+    (tmp_path / "my_graph.py").write_text(block)
+    result = daskrl(["train", "my_graph.py", "--steps", "256", "--num-envs", "2",
+                     "--num-steps", "32", "--scheduler", "sync", "--no-progress", "--out",
+                     "run"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
+    result = daskrl(["eval", "run", "--episodes", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Acrobot-v1, 2 episodes: return ")
+    assert "examples/local_run.py" in text  # training from Python is listed too
