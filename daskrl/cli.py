@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from daskrl.core.resources import parse_role_resources
-from daskrl.core.script import UserError
+from daskrl.core.script import UserError, build_algorithm
 from daskrl.run_flags import graph_path, parse_command_line
 
 
@@ -95,7 +95,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         overrides = parse_role_resources(args.resources)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
-        algo = module.build(config).with_resources(overrides)
+        algo = build_algorithm(module, config, args.graph).with_resources(overrides)
         distribution = get_distribution(args.distribution or algo.distribution)
         check_distribution(distribution, algo, deterministic=args.deterministic)
         wanted = distribution.workers_wanted(algo)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -186,3 +187,112 @@ def test_sigterm_stops_like_ctrl_c_with_a_checkpoint_and_no_workers_left(tmp_pat
     assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
     gone, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive
+
+
+# --------------------------------------------------------------------------- one line each
+
+INF_REWARD = textwrap.dedent('''
+
+    import gymnasium as gym
+    from dataclasses import replace
+
+
+    class InfReward(gym.Wrapper):
+        def step(self, action):
+            obs, reward, term, trunc, info = self.env.step(action)
+            return obs, float("inf"), term, trunc, info
+
+
+    def inf_actor(config, seed):
+        if "InfReward-v0" not in gym.registry:
+            gym.register("InfReward-v0", lambda **kw: InfReward(gym.make("CartPole-v1", **kw)))
+        return VecEnvActor("InfReward-v0", config.num_envs, seed)
+
+
+    _ppo_build = build
+
+
+    def build(config):
+        return replace(_ppo_build(config), make_actor=partial(inf_actor, config))
+''')
+
+
+def test_a_nan_at_iteration_one_says_what_is_kept_without_numpy_warnings(tmp_path):
+    graph = tmp_path / "inf_reward.py"
+    graph.write_text((REPO / "graphs" / "ppo.py").read_text() + INF_REWARD)
+    run = _daskrl(["train", str(graph), "--scheduler", "sync", "--steps", "2048", "--out", "run",
+                   "--normalize", "on", *TINY], tmp_path)
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("daskrl: error:")]
+    assert len(errors) == 1 and "iteration 1: non-finite loss" in errors[0], run.stderr
+    # no checkpoint exists: the line must not promise one
+    assert "no iteration finished, so no checkpoint was written" in errors[0]
+    assert "last good checkpoint" not in run.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert "RuntimeWarning" not in run.stderr, run.stderr  # numpy's noise on the way
+
+
+BAD_SCRIPTS = {
+    "syntax": ("from dataclasses import dataclass\n\n@dataclass\nclass Config:\n    x: int = 1\n"
+               "\ndef build(config)\n    return None\n",
+               r"daskrl: error: .*bad\.py:7: syntax error in the graph script: expected ':'$"),
+    "build-raises": ("from dataclasses import dataclass\n\n@dataclass\nclass Config:\n"
+                     "    env: str = 'Foo-v9'\n\ndef build(config):\n"
+                     "    return {}[config.env]\n",
+                     r"daskrl: error: .*bad\.py: build\(config\) raised KeyError: 'Foo-v9' "
+                     r"\(at .*bad\.py:8 in build\)$"),
+    "build-returns": ("from dataclasses import dataclass\n\n@dataclass\nclass Config:\n"
+                      "    x: int = 1\n\ndef build(config):\n    return config\n",
+                      r"daskrl: error: .*bad\.py: build\(config\) returned Config; expected a "
+                      r"daskrl\.Algorithm$"),
+    "field-type": ("from dataclasses import dataclass, field\n\nclass Device:\n    pass\n\n"
+                   "@dataclass\nclass Config:\n    device: Device = field(default_factory=Device)"
+                   "\n\ndef build(config):\n    return None\n",
+                   r"daskrl: error: graph script .*bad\.py': Config field 'device' has type "
+                   r"Device, which no command-line flag can hold; use bool, int, .*$"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCRIPTS))
+def test_a_bad_graph_script_is_one_line(tmp_path, capsys, case):
+    from daskrl.cli import main
+
+    source, expected = BAD_SCRIPTS[case]
+    (tmp_path / "bad.py").write_text(source)
+    code = main(["train", str(tmp_path / "bad.py"), "--scheduler", "sync", "--steps", "64",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert re.match(expected, err), err
+
+
+WRONG_ROLLOUT = textwrap.dedent('''
+
+    from dataclasses import replace
+
+    _ppo_build = build
+
+
+    class ListActor(VecEnvActor):
+        def rollout(self, steps):
+            return list(super().rollout(steps).items())  # a list, not the batch dict
+
+
+    def build(config):
+        actor = partial(lambda config, seed: ListActor(config.env, config.num_envs, seed), config)
+        return replace(_ppo_build(config), make_actor=actor)
+''')
+
+
+def test_a_fragment_returning_a_wrong_type_names_the_role_and_the_contract(tmp_path):
+    graph = tmp_path / "wrong.py"
+    graph.write_text((REPO / "graphs" / "ppo.py").read_text() + WRONG_ROLLOUT)
+    # one actor: co-located replicas would be fused into one VecEnvActor
+    run = _daskrl(["train", str(graph), "--scheduler", "sync", "--steps", "2048", "--out", "run",
+                   *TINY, "--num-actors", "1"], tmp_path)
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("daskrl: error:")]
+    assert len(errors) == 1, run.stderr
+    assert ("the rollout fragment: the actor's rollout(steps) returned list; expected a dict "
+            "with 'stats'") in errors[0], errors[0]
+    assert "Traceback" not in run.stderr, run.stderr

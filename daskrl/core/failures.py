@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import numpy as np
 from distributed import Reschedule
 
 _ATTR = "daskrl_failure"
@@ -47,7 +48,10 @@ class Call:
         if args and getattr(args[0], "deterministic", False) is True:
             deterministic_torch()
         try:
-            return self.fn(*args, **kwargs)
+            # NaN/inf is caught where it matters: the driver stops on a non-finite loss with
+            # one line naming the cause; numpy's warnings on the way there are only noise
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                return self.fn(*args, **kwargs)
         except Reschedule:  # not a failure: the task is sent again
             raise
         except Exception as exc:
@@ -98,6 +102,33 @@ class PeerLost(ConnectionError):
 class RunStopped(RuntimeError):
     """The run stopped for a reason its message states in one line (a writer that failed,
     a hang past the recoveries allowed); the last good checkpoint is kept."""
+
+
+class FragmentTypeError(TypeError):
+    """A fragment returned something other than its role's contract: one line names the
+    role, the call and what was expected."""
+
+
+def expect(value: Any, role: str, call: str, kind: type, keys: tuple[str, ...] = ()) -> None:
+    """Raise :class:`FragmentTypeError` unless ``value`` is a ``kind`` holding ``keys``.
+
+    Examples
+    --------
+    >>> expect({"stats": {}}, "rollout", "the actor's rollout(steps)", dict, ("stats",))
+    >>> expect([1, 2], "rollout", "the actor's rollout(steps)", dict, ("stats",))
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    daskrl.core.failures.FragmentTypeError: the rollout fragment: ... returned list; ...
+    """
+    want = f"a {kind.__name__}" + (f" with {', '.join(map(repr, keys))}" if keys else "")
+    if not isinstance(value, kind):
+        raise FragmentTypeError(f"the {role} fragment: {call} returned "
+                                f"{type(value).__name__}; expected {want}")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise FragmentTypeError(f"the {role} fragment: {call} returned a {kind.__name__} "
+                                f"without {', '.join(map(repr, missing))}; expected {want}")
 
 
 class FragmentError(RuntimeError):

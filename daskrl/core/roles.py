@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from daskrl.core.algorithm import Actor, Algorithm, Batch, LearnerOutput, ResizableActor
+from daskrl.core.failures import expect
 from daskrl.core.worker_state import drop_key, in_turn, resident, worker_name
 
 T = TypeVar("T")
@@ -136,6 +137,7 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
     key = (ctx.run, "rollout", ident)
     with in_turn(key, ctx.iteration, ctx.after):
         (actor, batch, built), retries = with_env_retries(ctx, key, collect)
+    expect(batch, "rollout", "the actor's rollout(steps)", dict, ("stats",))
     label = "+".join(map(str, replicas)) if len(replicas) > 1 else ctx.replica
     batch["stats"].update(worker=worker_name(), built=built, replica=label, env_retries=retries)
     keep_snapshot(ctx, actor, "rollout", ident, batch["stats"])
@@ -206,6 +208,7 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
     metrics: dict[str, Any] = learner.update(list(batches), ctx.iteration / ctx.num_iterations)
+    expect(metrics, "learner", "the learner's update(batches, progress)", dict)
     holder["version"] = learner_in.version + 1
     metrics.update(merge_stats([b["stats"] for b in batches]))
     metrics.update(learner_worker=worker_name(), learner_built=built,
@@ -274,4 +277,7 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
 
 def evaluate(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput) -> dict[str, float]:
     """Role ``evaluate``: a deterministic evaluation of the given weights on fresh envs."""
-    return algo.evaluate(learner_in.weights, ctx.replica_seed(10_000))
+    result = algo.evaluate(learner_in.weights, ctx.replica_seed(10_000))
+    expect(result, "evaluate", "the algorithm's evaluate(weights, seed)", dict,
+           ("eval_return_mean",))
+    return result

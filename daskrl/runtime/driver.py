@@ -17,7 +17,7 @@ from distributed import Client
 
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, LearnerOutput
-from daskrl.core.failures import FragmentError, failure, save_failure
+from daskrl.core.failures import FragmentError, FragmentTypeError, failure, save_failure
 from daskrl.core.placement import task
 from daskrl.core.weights import weights_sha256
 from daskrl.core.worker_state import drop_run
@@ -221,6 +221,9 @@ def _raise_saved(exc: Exception, out: Path) -> None:
     if path is None:
         return
     record = failure(exc) or {}
+    if isinstance(exc, FragmentTypeError):  # a broken contract: the line says it all
+        raise FragmentError(f"{exc} (task {record.get('key')}; its inputs are saved in "
+                            f"{path} for `daskrl replay`)") from exc
     raise FragmentError(
         f"task {record.get('key')} failed on worker {record.get('worker')!r}: "
         f"{record.get('error')}\n{record.get('traceback', '').rstrip()}\n"
