@@ -180,3 +180,18 @@ def test_the_run_config_is_written_as_yaml_that_train_reads_back(trained):
     _, _, config = parse_command_line(["train", GRAPH, "--config", str(path)])
     summary = json.loads((trained / "summary.json").read_text())
     assert json.loads(json.dumps(dataclasses.asdict(config))) == summary["config"]
+
+
+def test_a_multi_agent_run_is_evaluated_by_its_own_evaluator(tmp_path):
+    pytest.importorskip("mpe2")
+    result = daskrl_cli(["train", str(REPO / "graphs" / "mappo.py"), "--steps", "3000",
+                         "--scheduler", "sync", "--out", "run", "--no-progress", "--no-eval"],
+                        tmp_path)
+    assert result.returncode == 0, result.stderr
+    result = daskrl_cli(["eval", "run", "--episodes", "4", "--opponent", "random"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("mappo, 4 episodes: return ")  # the evaluator's headline
+    assert any(ln.startswith("  eval_vs_random_return_mean/") for ln in lines), lines
+    export = daskrl_cli(["export", "run", "--out", "p.pt2"], tmp_path)
+    assert export.returncode == 2 and "export supports single-agent" in export.stderr

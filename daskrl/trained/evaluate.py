@@ -32,7 +32,10 @@ def evaluate_run(run: TrainedRun, request: EvalRequest) -> dict[str, Any]:
     if request.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {request.episodes}")
     if run.algo.evaluator is not None:
-        return run.algo.evaluator(run.weights, request)
+        result = dict(run.algo.evaluator(run.weights, request))
+        result.setdefault("eval_episodes", request.episodes)
+        result.setdefault("env_id", request.env_id or run.algo.env_id or run.algo.name)
+        return result
     if request.opponent is not None:
         raise ValueError(f"--opponent: the {run.algo.name!r} algorithm has no evaluator of its "
                          "own (multi-agent runs only)")
@@ -50,17 +53,17 @@ def evaluate_run(run: TrainedRun, request: EvalRequest) -> dict[str, Any]:
 def _env(env_id: str, video_dir: Path | None, prefix: str) -> Any:
     import gymnasium as gym
 
-    from daskrl.core.envs import check_env_id
+    from daskrl.core.envs import check_env_id, make_env
 
     check_env_id(env_id)
     if video_dir is None:
-        return gym.make(env_id)
+        return make_env(env_id)  # as training saw it (Atari: preprocessed, frames stacked)
     try:
         import moviepy  # noqa: F401 - RecordVideo writes MP4 through it
     except ImportError:
         raise ValueError("--video needs moviepy: pip install 'daskrl[video]' (or "
                          "'gymnasium[other]')") from None
-    env = gym.make(env_id, render_mode="rgb_array")
+    env = make_env(env_id, render_mode="rgb_array")
     return gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda _: True,
                                     name_prefix=prefix, disable_logger=True)
 
@@ -135,9 +138,9 @@ def format_result(result: dict[str, Any]) -> str:
                                                   ("length", pm("eval_length"))) if text]
     shown = {"eval_return_mean", "eval_return_std", "eval_length_mean", "eval_length_std",
              "eval_episodes", "env_id", "videos"}
-    extra = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-             for k, v in result.items() if k not in shown]
-    lines = [f"{head}: {', '.join(parts + extra)}"]
+    extra = [f"  {k} = {v:.4g}" if isinstance(v, float) else f"  {k} = {v}"
+             for k, v in sorted(result.items()) if k not in shown]
+    lines = [f"{head}: {', '.join(parts)}", *extra]  # per team etc., one a line
     if result.get("videos"):
         lines.append("videos: " + ", ".join(result["videos"]))
     return "\n".join(lines)

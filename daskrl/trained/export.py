@@ -40,8 +40,9 @@ def export_policy(run: TrainedRun, path: str | Path, deterministic: bool = True)
                          f"{path / 'policy.pt2'}")
     spec = obs_spec(run.algo.env_id)
     if spec is None:
-        raise ValueError(f"{run.out}: the run names no env id, so the observation shape to "
-                         "export for is unknown")
+        raise ValueError(f"{run.out}: the run's env ({run.algo.env_id or run.algo.name}) is "
+                         "not a gymnasium env id, so the observation shape to export for is "
+                         "unknown; export supports single-agent gymnasium runs")
     module = run.module(deterministic)
     example = torch.as_tensor(np.zeros((2, *spec[0]), spec[1]))  # batch 2: 1 would specialise
     batch = torch.export.Dim("batch")

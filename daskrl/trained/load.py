@@ -94,9 +94,9 @@ def obs_spec(env_id: str | None) -> tuple[tuple[int, ...], np.dtype] | None:
     """
     if env_id is None:
         return None
-    import gymnasium as gym
+    from daskrl.core.envs import make_env
 
-    env = gym.make(env_id)
+    env = make_env(env_id)  # as training saw it (Atari: preprocessed, frames stacked)
     try:
         space = env.observation_space
         return tuple(space.shape or ()), np.dtype(space.dtype)
