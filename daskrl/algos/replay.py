@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 Batch = dict[str, Any]
 
@@ -184,10 +185,12 @@ class ReplayBuffer:
         """No-op for a uniform buffer."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Contents and sampling state, for a checkpoint (only the filled rows)."""
+        """Contents and sampling state, for a checkpoint (only the filled rows, as CPU
+        tensors: checkpoints load with ``torch.load(weights_only=True)``)."""
         return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
                 "added": self.added, "rng": self.rng.bit_generator.state,
-                "data": {k: v[:self.size].copy() for k, v in self.data.items()}}
+                "data": {k: torch.from_numpy(v[:self.size].copy())
+                         for k, v in self.data.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (same capacity)."""
@@ -197,8 +200,9 @@ class ReplayBuffer:
                              "--buffer-size")
         self.data = {}
         if state["data"]:
-            self._allocate(state["data"])
-            for key, value in state["data"].items():
+            arrays = {k: np.asarray(v) for k, v in state["data"].items()}
+            self._allocate(arrays)
+            for key, value in arrays.items():
                 self.data[key][:len(value)] = value
         self.pos, self.size = int(state["pos"]), int(state["size"])
         self.added = int(state["added"])
@@ -281,7 +285,7 @@ class PrioritizedReplay(ReplayBuffer):
     def state_dict(self) -> dict[str, Any]:
         """Contents, priorities and sampling state, for a checkpoint."""
         state = super().state_dict()
-        state.update(leaves=self.tree.leaves(np.arange(self.size)).copy(),
+        state.update(leaves=torch.from_numpy(self.tree.leaves(np.arange(self.size)).copy()),
                      max_priority=self.max_priority)
         return state
 
@@ -289,7 +293,7 @@ class PrioritizedReplay(ReplayBuffer):
         """Restore what :meth:`state_dict` returned (same capacity)."""
         super().load_state_dict(state)
         self.tree = SumTree(self.capacity)
-        self.tree.set(np.arange(self.size), np.asarray(state["leaves"]))
+        self.tree.set(np.arange(self.size), np.asarray(state["leaves"], np.float64))
         self.max_priority = float(state["max_priority"])
 
 

@@ -1,0 +1,374 @@
+"""SAC for continuous actions: twin Q-networks, a tanh-squashed Gaussian policy and automatic
+entropy tuning (CleanRL's ``sac_continuous_action`` maths), with its replay resident in the
+learner as DQN's is (:mod:`daskrl.algos.dqn`).
+
+Until the replay holds ``learning_starts`` transitions the actors act uniformly at random:
+the learner says so through a buffer of the policy (``explore``) that travels with the
+weights, as DQN's epsilon does.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from daskrl.algos.dqn import TransitionCollector, relu_mlp
+from daskrl.algos.replay import make_replay
+
+Batch = dict[str, Any]
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def box_dims(env_id: str) -> tuple[int, np.ndarray, np.ndarray]:
+    """Flat observation size and the action bounds of ``env_id``; one line naming the action
+    space when it is not a Box.
+
+    Examples
+    --------
+    >>> obs_dim, low, high = box_dims("Pendulum-v1")
+    >>> obs_dim, low.tolist(), high.tolist()
+    (3, [-2.0], [2.0])
+    >>> box_dims("CartPole-v1")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: SAC needs a continuous (Box) action space, but CartPole-v1's is Discrete(2): use ...
+    """
+    env = gym.make(env_id)
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        raise ValueError(f"SAC needs a continuous (Box) action space, but {env_id}'s is "
+                         f"{act_space}: use graphs/dqn.py for discrete actions")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"SAC needs a Box observation space, but {env_id}'s is {obs_space}: "
+                         "use a flattening wrapper")
+    return (int(np.prod(obs_space.shape)), act_space.low.astype(np.float32).reshape(-1),
+            act_space.high.astype(np.float32).reshape(-1))
+
+
+class SquashedGaussian(nn.Module):
+    """The SAC actor: a Gaussian over pre-squash actions, ``tanh`` then scaled to the bounds.
+
+    ``policy(deterministic)`` is the ``obs -> actions`` module for eval and export.
+
+    Examples
+    --------
+    >>> pi = SquashedGaussian(3, np.array([-2.0]), np.array([2.0]), (16,))
+    >>> a, logp = pi.sample(torch.zeros(5, 3))
+    >>> a.shape, logp.shape, bool((a.abs() <= 2).all())
+    (torch.Size([5, 1]), torch.Size([5]), True)
+    >>> pi.policy(True)(torch.zeros(5, 3)).shape
+    torch.Size([5, 1])
+    """
+
+    def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray,
+                 hidden: tuple[int, ...] = (256, 256)) -> None:
+        super().__init__()
+        act_dim = len(low)
+        self.body = relu_mlp(obs_dim, 2 * act_dim, hidden)
+        low_t, high_t = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(
+            high, dtype=torch.float32)
+        self.register_buffer("scale", (high_t - low_t) / 2)
+        self.register_buffer("bias", (high_t + low_t) / 2)
+        self.register_buffer("explore", torch.tensor(1.0))
+        """1 while the actors should act uniformly at random (before learning starts)."""
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and log-std (bounded) of the pre-squash Gaussian."""
+        mean, log_std = self.body(obs.reshape(obs.shape[0], -1)).chunk(2, dim=-1)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        return mean, log_std
+
+    def sample(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Reparameterised actions and their log-probabilities (tanh's Jacobian included)."""
+        mean, log_std = self(obs)
+        std = log_std.exp()
+        x = mean + std * torch.randn_like(mean)
+        y = torch.tanh(x)
+        logp = (-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        logp = logp - torch.log(self.scale * (1 - y.pow(2)) + 1e-6).sum(-1)
+        return y * self.scale + self.bias, logp
+
+    def policy(self, deterministic: bool = True) -> SquashedPolicy:
+        """The policy alone (shares this module's weights)."""
+        return SquashedPolicy(self, deterministic)
+
+
+class SquashedPolicy(nn.Module):
+    """``obs -> actions`` of a :class:`SquashedGaussian`: its squashed mean, or a sample."""
+
+    def __init__(self, actor: SquashedGaussian, deterministic: bool = True) -> None:
+        super().__init__()
+        self.actor = actor
+        self.deterministic = deterministic
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Actions (float32) for a batch of observations."""
+        mean, log_std = self.actor(obs.float())
+        if not self.deterministic:
+            mean = mean + log_std.exp() * torch.randn_like(mean)
+        return torch.tanh(mean) * self.actor.scale + self.actor.bias
+
+
+class TwinQ(nn.Module):
+    """Two independent Q-networks over (observation, action).
+
+    Examples
+    --------
+    >>> q1, q2 = TwinQ(3, 1, (16,))(torch.zeros(4, 3), torch.zeros(4, 1))
+    >>> q1.shape, q2.shape
+    (torch.Size([4]), torch.Size([4]))
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] = (256, 256)) -> None:
+        super().__init__()
+        self.q1 = relu_mlp(obs_dim + act_dim, 1, hidden)
+        self.q2 = relu_mlp(obs_dim + act_dim, 1, hidden)
+
+    def forward(self, obs: Tensor, act: Tensor) -> tuple[Tensor, Tensor]:
+        """Both Q-values, each ``[B]``."""
+        x = torch.cat([obs.reshape(obs.shape[0], -1), act.reshape(act.shape[0], -1)], -1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+class SACActor:
+    """Role ``rollout`` for SAC: envs and a policy copy (uniform random actions until the
+    learner's weights say learning started).
+
+    Examples
+    --------
+    >>> actor = SACActor("Pendulum-v1", 2, seed=0, hidden=(16,))
+    >>> batch = actor.rollout(8)
+    >>> batch["actions"].shape, batch["actions"].dtype
+    ((16, 1), dtype('float32'))
+    """
+
+    def __init__(self, env_id: str, num_envs: int, seed: int,
+                 hidden: tuple[int, ...] = (256, 256), n_step: int = 1, gamma: float = 0.99,
+                 step_cost: float = 0.0) -> None:
+        self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
+        self.collector = TransitionCollector(env_id, num_envs, seed, n_step, gamma, step_cost)
+        obs_dim, self.low, self.high = box_dims(env_id)
+        self.actor = SquashedGaussian(obs_dim, self.low, self.high, hidden)
+        self.rng = np.random.default_rng(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = -1
+
+    def set_weights(self, weights: dict[str, Tensor], version: int) -> None:
+        """Load the learner's actor weights unless this version is already loaded."""
+        if version != self.version:
+            self.actor.load_state_dict(weights)
+            self.version = version
+
+    def resized(self, num_envs: int, seed: int) -> SACActor:
+        """An actor with the same settings, ``num_envs`` envs and ``seed``."""
+        col = self.collector
+        return SACActor(self.env_id, num_envs, seed, self.hidden, col.n_step, col.gamma,
+                        col.step_cost)
+
+    def rollout(self, num_steps: int) -> Batch:
+        """``num_steps`` steps of every env with sampled actions, as transitions."""
+        explore = bool(self.actor.explore)
+
+        def choose(obs: np.ndarray) -> np.ndarray:
+            if explore:
+                return self.rng.uniform(self.low, self.high, (len(obs), len(self.low))).astype(
+                    np.float32)
+            with torch.inference_mode():
+                mean, log_std = self.actor(torch.as_tensor(obs, dtype=torch.float32))
+                noise = torch.randn(mean.shape, generator=self.generator)
+                act = torch.tanh(mean + log_std.exp() * noise) * self.actor.scale + self.actor.bias
+            return act.numpy()
+
+        batch = self.collector.collect(num_steps, choose)
+        batch["stats"].update(policy_version=self.version, random_actions=int(explore))
+        return batch
+
+    def close(self) -> None:
+        """Close the envs."""
+        self.collector.close()
+
+
+@dataclass(frozen=True)
+class SACHyper:
+    """SAC's update settings (CleanRL's names; see ``graphs/sac.py`` for each flag)."""
+
+    policy_lr: float = 1e-3
+    q_lr: float = 1e-3
+    batch_size: int = 256
+    buffer_size: int = 1_000_000
+    learning_starts: int = 100
+    tau: float = 0.005
+    train_frequency: int = 1
+    policy_frequency: int = 1
+    target_network_frequency: int = 1
+    autotune: bool = True
+    alpha: float = 0.2
+    save_replay: bool = True
+
+
+class SACLearner:
+    """Role ``learner`` for SAC: actor, twin critics and their targets, entropy
+    temperature, optimisers and the replay.
+
+    Examples
+    --------
+    >>> learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(16,),
+    ...                      hyper=SACHyper(learning_starts=8, batch_size=4))
+    >>> m = learner.update([SACActor("Pendulum-v1", 2, 0, (16,)).rollout(8)], 0.0)
+    >>> m["gradient_steps"], "losses/qf_loss" in m
+    (16, True)
+    """
+
+    def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray, seed: int,
+                 hidden: tuple[int, ...] = (256, 256), hyper: SACHyper = SACHyper(),
+                 device: str = "cpu") -> None:
+        torch.manual_seed(seed)
+        self.hyper, self.device = hyper, device
+        self.actor = SquashedGaussian(obs_dim, low, high, hidden).to(device)
+        self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
+        self.qf_target = copy.deepcopy(self.qf)
+        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=hyper.q_lr)
+        self.actor_optimizer = torch.optim.Adam(self.actor.body.parameters(), lr=hyper.policy_lr)
+        self.target_entropy = -float(len(low))
+        self.log_alpha = torch.zeros(1, requires_grad=True, device=device)
+        if not hyper.autotune:
+            self.log_alpha.data.fill_(math.log(hyper.alpha))
+        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=hyper.q_lr)
+        self.replay = make_replay(hyper.buffer_size, False, seed=seed)
+        self.env_steps = 0
+        self.gradient_steps = 0
+
+    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
+        """Add the batches to the replay, then one gradient step per ``train_frequency`` new
+        env steps once the replay holds ``learning_starts`` transitions."""
+        h = self.hyper
+        for batch in batches:
+            self.replay.add(batch)
+        before = self.env_steps
+        self.env_steps += sum(int(b["stats"]["env_steps"]) for b in batches)
+        parts: list[dict[str, float]] = []
+        random_actions = float(self.actor.explore)  # what this update's batches acted with
+        if len(self.replay) >= max(1, h.learning_starts):
+            self.actor.explore.fill_(0.0)
+            tf = max(1, h.train_frequency)
+            for _ in range(before // tf + 1, self.env_steps // tf + 1):
+                parts.append(self.gradient_step(self.replay.sample(h.batch_size)))
+        metrics = {k: float(np.mean([p[k] for p in parts if k in p]))
+                   for k in sorted({k for p in parts for k in p})}
+        metrics.update(gradient_steps=len(parts), learner_env_steps=self.env_steps,
+                       random_actions=random_actions,
+                       replay_size=len(self.replay), replay_bytes=self.replay.nbytes,
+                       replay_capacity=self.replay.capacity)
+        return metrics
+
+    def gradient_step(self, sample: Batch) -> dict[str, float]:
+        """One critic step; every ``policy_frequency`` steps as many actor (and temperature)
+        steps; then the targets move by Polyak averaging."""
+        h, dev = self.hyper, self.device
+        obs = torch.as_tensor(sample["obs"], device=dev).float()
+        act = torch.as_tensor(sample["actions"], device=dev).float()
+        rew = torch.as_tensor(sample["rewards"], device=dev).float()
+        nxt = torch.as_tensor(sample["next_obs"], device=dev).float()
+        disc = torch.as_tensor(sample["discounts"], device=dev).float()
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_act, next_logp = self.actor.sample(nxt)
+            t1, t2 = self.qf_target(nxt, next_act)
+            target = rew + disc * (torch.min(t1, t2) - alpha * next_logp)
+        q1, q2 = self.qf(obs, act)
+        qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.q_optimizer.zero_grad()
+        qf_loss.backward()
+        self.q_optimizer.step()
+        out = {"losses/qf_loss": float(qf_loss.detach()), "losses/qf1_values":
+               float(q1.detach().mean())}
+        self.gradient_steps += 1
+        if self.gradient_steps % h.policy_frequency == 0:
+            for _ in range(h.policy_frequency):  # delayed, then as many (CleanRL)
+                pi, logp = self.actor.sample(obs)
+                p1, p2 = self.qf(obs, pi)
+                actor_loss = (alpha * logp - torch.min(p1, p2)).mean()
+                self.actor_optimizer.zero_grad()
+                actor_loss.backward()
+                self.actor_optimizer.step()
+                if h.autotune:
+                    with torch.no_grad():
+                        _, logp = self.actor.sample(obs)
+                    alpha_loss = (-self.log_alpha.exp() * (logp + self.target_entropy)).mean()
+                    self.a_optimizer.zero_grad()
+                    alpha_loss.backward()
+                    self.a_optimizer.step()
+                    alpha = self.log_alpha.exp().detach()
+            out.update({"losses/actor_loss": float(actor_loss.detach()),
+                        "losses/alpha": float(alpha)})
+        if self.gradient_steps % h.target_network_frequency == 0:
+            with torch.no_grad():
+                for t, p in zip(self.qf_target.parameters(), self.qf.parameters(), strict=True):
+                    t.mul_(1 - h.tau).add_(p, alpha=h.tau)
+        return out
+
+    def weights(self) -> dict[str, Tensor]:
+        """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
+        return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Networks, optimisers, temperature, counters, RNG and (unless ``save_replay`` is
+        off) the replay."""
+        def cpu(module: nn.Module) -> dict[str, Tensor]:
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+        state: dict[str, Any] = {
+            "model": self.weights(), "qf": cpu(self.qf), "qf_target": cpu(self.qf_target),
+            "log_alpha": self.log_alpha.detach().cpu().clone(),
+            "q_optimizer": self.q_optimizer.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "a_optimizer": self.a_optimizer.state_dict(), "env_steps": self.env_steps,
+            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay),
+            "torch_rng": torch.get_rng_state()}
+        if self.hyper.save_replay:
+            state["replay"] = self.replay.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; without a saved replay the buffer restarts empty,
+        and says so."""
+        self.actor.load_state_dict(state["model"])
+        self.qf.load_state_dict(state["qf"])
+        self.qf_target.load_state_dict(state["qf_target"])
+        self.log_alpha.data.copy_(state["log_alpha"])
+        self.q_optimizer.load_state_dict(state["q_optimizer"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.a_optimizer.load_state_dict(state["a_optimizer"])
+        self.env_steps, self.gradient_steps = int(state["env_steps"]), int(state["gradient_steps"])
+        torch.set_rng_state(state["torch_rng"])
+        if "replay" in state:
+            self.replay.load_state_dict(state["replay"])
+        elif int(state.get("replay_size", 0)):
+            print(f"daskrl: the replay buffer was not saved (--no-save-replay): it restarts "
+                  f"empty, {state['replay_size']} transitions lost", file=sys.stderr)
+
+
+def sac_policy(env_id: str, hidden: tuple[int, ...], weights: dict[str, Tensor],
+               deterministic: bool = True) -> nn.Module:
+    """The trained policy of ``weights`` alone (``Algorithm.make_policy``).
+
+    Examples
+    --------
+    >>> w = SquashedGaussian(3, np.array([-2.0]), np.array([2.0]), (8,)).state_dict()
+    >>> sac_policy("Pendulum-v1", (8,), w)(torch.zeros(2, 3)).shape
+    torch.Size([2, 1])
+    """
+    obs_dim, low, high = box_dims(env_id)
+    actor = SquashedGaussian(obs_dim, low, high, hidden)
+    actor.load_state_dict(weights)
+    return actor.policy(deterministic).eval()

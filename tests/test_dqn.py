@@ -1,0 +1,97 @@
+"""DQN: learns CartPole under ``single`` on a real cluster, runs under ``actors-learner`` with
+the replay resident in the learner, is deterministic, resumes with its replay, and refuses a
+continuous action space in one line."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from daskrl.cluster.local import local_cluster
+from daskrl.core.script import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.runtime.driver import RunSettings, train
+
+REPO = Path(__file__).resolve().parent.parent
+GRAPH = load_graph(str(REPO / "graphs" / "dqn.py"))
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    cluster = local_cluster([{"CPU": 1}] * 2)
+    c = Client(cluster)
+    try:
+        yield c
+    finally:
+        c.close()
+        cluster.close()
+
+
+def _settings(out: Path, steps: int, **kw) -> RunSettings:
+    return RunSettings(out=out, steps=steps, seed=3, progress=False, tensorboard=False, **kw)
+
+
+def _rows(out: Path) -> list[dict[str, str]]:
+    with (out / "metrics.csv").open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_dqn_learns_cartpole_under_single(client, tmp_path):
+    # a small network with a Polyak-averaged target: stable enough to judge in a short run
+    algo = GRAPH.build(GRAPH.Config(hidden=64, tau=0.01, target_network_frequency=2,
+                                    eval_episodes=10))
+    summary = train(client, algo, get_distribution("single"), _settings(tmp_path, 6_000))
+    rows = _rows(tmp_path)
+    # the learner waited for --learning-starts transitions before its first gradient step
+    first = next(r for r in rows if float(r["gradient_steps"] or 0) > 0)
+    assert int(first["replay_size"]) >= 1000
+    assert float(rows[0]["gradient_steps"]) == 0
+    assert summary["eval_return_mean"] >= 100, summary["eval_return_mean"]  # random: ~20
+
+
+def test_actors_learner_feeds_the_resident_replay(client, tmp_path):
+    algo = GRAPH.build(GRAPH.Config(num_actors=2, num_envs=2, num_steps=32, learning_starts=200,
+                                    n_step=3, prioritized_replay=True, eval_episodes=2))
+    train(client, algo, get_distribution("actors-learner:fuse=false"),
+          _settings(tmp_path, 6 * algo.steps_per_iteration))
+    rows = _rows(tmp_path)
+    workers = {w.split("@")[1] for w in rows[-1]["rollout_workers"].split(";")}
+    assert len(workers) == 2  # one actor per worker, both writing to the learner's replay
+    sizes = [int(r["replay_size"]) for r in rows]
+    assert sizes == sorted(sizes) and sizes[-1] > 5 * 100
+    assert float(rows[-1]["gradient_steps"]) > 0
+
+
+def test_deterministic_runs_match_and_resume_keeps_the_replay(client, tmp_path):
+    algo = GRAPH.build(GRAPH.Config(num_envs=2, num_steps=32, learning_starts=64,
+                                    eval_episodes=1, hidden=32))
+    steps = 6 * algo.steps_per_iteration
+    kw = {"deterministic": True, "eval": False, "checkpoint_every": 3}
+    a = train(client, algo, get_distribution("single"), _settings(tmp_path / "a", steps, **kw))
+    b = train(client, algo, get_distribution("single"), _settings(tmp_path / "b", steps, **kw))
+    assert a["weights_sha256"] == b["weights_sha256"]
+    # resume from the checkpoint of iteration 3 (replay included): the same weights at the end
+    half = train(client, algo, get_distribution("single"),
+                 _settings(tmp_path / "c", 3 * algo.steps_per_iteration, **kw))
+    assert half["iterations"] == 3
+    resumed = train(client, algo, get_distribution("single"),
+                    _settings(tmp_path / "c", steps, resume=True, **kw))
+    assert resumed["weights_sha256"] == a["weights_sha256"]
+
+
+def test_continuous_env_is_refused_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "daskrl", "train", str(REPO / "graphs/dqn.py"),
+                           "--env", "Pendulum-v1", "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("daskrl: error")]
+    assert len(errors) == 1, proc.stderr  # (a loaded machine may add Dask's slowness warnings)
+    assert "Discrete" in errors[0] and "Box" in errors[0] and "sac" in errors[0]
