@@ -259,4 +259,8 @@ def _fmt(value: Any) -> Any:
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` (NaN written as null)."""
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
-    path.write_text(json.dumps(clean, indent=2, sort_keys=True) + "\n")
+    try:
+        path.write_text(json.dumps(clean, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise RunStopped(f"cannot write {path} ({exc.strerror or exc}); the checkpoints are "
+                         "written: free space and continue with --resume") from exc

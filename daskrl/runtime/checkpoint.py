@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -69,11 +70,18 @@ def best_score(directory: Path) -> float | None:
 
 
 def _write_atomically(final: Path, payload: dict[str, Any]) -> Path:
-    """torch.save to a temp file in the same folder, fsync, rename over ``final``."""
+    """torch.save to a temp file in the same folder, fsync, rename over ``final``.
+
+    The payload is serialised in memory first: torch's zip writer turns a failed write (disk
+    full, file too large) into a ``RuntimeError`` about positions, while a plain write raises
+    the ``OSError`` that says what is wrong.
+    """
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
     fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".tmp-", suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save(payload, fh)
+            fh.write(buffer.getbuffer())
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)

@@ -7,6 +7,7 @@ a :class:`~daskrl.runtime.run_loop.RunLoop` (submit ahead, record, recover, chec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -17,7 +18,13 @@ from distributed import Client
 
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, LearnerOutput
-from daskrl.core.failures import FragmentError, FragmentTypeError, failure, save_failure
+from daskrl.core.failures import (
+    FragmentError,
+    FragmentTypeError,
+    RunStopped,
+    failure,
+    save_failure,
+)
 from daskrl.core.placement import task
 from daskrl.core.weights import weights_sha256
 from daskrl.core.worker_state import drop_run
@@ -95,6 +102,33 @@ def finished_iterations(out: Path) -> int:
     return 0 if ckpt is None else int(ckpt["iteration"])
 
 
+def schedule_start(previous: dict[str, Any] | None, first: int, total: int
+                   ) -> dict[str, Any]:
+    """The learning-rate schedule of a run that starts at iteration ``first`` of ``total``:
+    ``{"start", "at", "iterations"}`` (see ``TaskContext.schedule``), kept in the summary and
+    the checkpoints' meta as ``"schedule"``.
+
+    A resume of the same length keeps the schedule it had (``previous``, from the
+    checkpoint); one with another length goes on from the progress the old schedule had
+    reached at ``first``, linearly to 1 at the new ``total``.
+
+    Examples
+    --------
+    >>> schedule_start(None, 0, 100)
+    {'start': 0, 'at': 0.0, 'iterations': 100}
+    >>> schedule_start({'start': 0, 'at': 0.0, 'iterations': 100}, 50, 200)
+    {'start': 50, 'at': 0.5, 'iterations': 200}
+    """
+    if previous is None or first == 0:
+        return {"start": 0, "at": 0.0, "iterations": total}
+    if int(previous["iterations"]) == total:
+        return dict(previous)
+    start, at, old = int(previous["start"]), float(previous["at"]), int(previous["iterations"])
+    reached = (first / old if start == 0 and at == 0.0
+               else at + (1.0 - at) * (first - start) / max(1, old - start))
+    return {"start": first, "at": min(1.0, reached), "iterations": total}
+
+
 def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutput, int, dict]:
     """The first iteration's input: a fresh learner, or the latest checkpoint on resume.
 
@@ -152,6 +186,15 @@ def train(
     placement = place(backend, algo, distribution)
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit
     total = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
+    previous = None
+    if settings.resume and first > 0:
+        ckpt = load_latest(out / "checkpoints") or {}
+        meta = ckpt.get("meta") or {}
+        # a run from before schedules were recorded: its length is unknown, keep the new one
+        previous = meta.get("schedule") or {"start": 0, "at": 0.0, "iterations": total}
+    schedule = schedule_start(previous, first, total)
+    settings = dataclasses.replace(settings, schedule=(schedule["start"], schedule["at"]),
+                                   meta={**settings.meta, "schedule": schedule})
     attempt = Attempt.begin(backend, algo, distribution, placement, settings)
     recorder = Recorder(out, total, first, counters, resume=settings.resume,
                         tensorboard=settings.tensorboard, progress=settings.progress,
@@ -161,7 +204,11 @@ def train(
         loop.run()
     except BaseException as exc:  # Ctrl-C, SIGTERM or an error: keep the last good iteration
         loop.release()
-        loop.checkpoint()
+        try:
+            loop.checkpoint()
+        except RunStopped as failed:  # a full disk: the error that stopped the run stands
+            if not isinstance(exc, RunStopped):
+                print(f"daskrl: {failed}", file=sys.stderr)
         if isinstance(exc, Exception):
             _raise_saved(exc, out)
         raise

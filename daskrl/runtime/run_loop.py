@@ -25,7 +25,9 @@ import sys
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import CancelledError
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,7 +285,7 @@ class RunLoop:
         s = self.settings
         return IterationInputs(self.algo, self.attempt.placement, self.attempt.run, s.seed,
                                iteration, self.total, self.learner_in, s.deterministic,
-                               s.env_retries, count)
+                               s.env_retries, count, schedule=s.schedule)
 
     # ------------------------------------------------------------------ WAITING
 
@@ -383,7 +385,8 @@ class RunLoop:
             self.best = mean
             payload = _payload(self.settings, pending.output, pending.counters)
             payload["eval"] = {"eval_return_mean": mean, "iteration": pending.iteration}
-            save_best(self.settings.out / "checkpoints", payload)
+            with _writing(self.settings.out / "checkpoints"):
+                save_best(self.settings.out / "checkpoints", payload)
 
     # ------------------------------------------------------------------ RECOVERING
 
@@ -487,8 +490,24 @@ def _checkpoint(settings: RunSettings, output: LearnerOutput, counters: dict[str
     """Checkpoint a finished iteration (the learner's version counts iterations)."""
     if not output.metrics:
         return  # nothing trained since the start or the resume
-    save_checkpoint(settings.out / "checkpoints", output.version,
-                    _payload(settings, output, counters), keep=settings.keep_checkpoints)
+    with _writing(settings.out / "checkpoints"):
+        save_checkpoint(settings.out / "checkpoints", output.version,
+                        _payload(settings, output, counters), keep=settings.keep_checkpoints)
+
+
+@contextmanager
+def _writing(directory: Path) -> Iterator[None]:
+    """A checkpoint that cannot be written (disk full, read-only folder) stops the run in one
+    line naming the last good one (the atomic write left it as it was)."""
+    try:
+        yield
+    except OSError as exc:
+        found = list_checkpoints(directory)
+        kept = (f"the last good checkpoint is {found[-1]}" if found else
+                "no checkpoint was written")
+        raise RunStopped(f"cannot write a checkpoint in {directory} ({exc.strerror or exc}): "
+                         f"the run stopped; {kept}; free space or fix the folder's "
+                         "permissions, then continue with --resume") from exc
 
 
 def _payload(settings: RunSettings, output: LearnerOutput, counters: dict[str, float]
