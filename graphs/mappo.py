@@ -138,6 +138,9 @@ def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
 def evaluator(config: Config, weights: dict, request: EvalRequest) -> dict[str, float]:
     """``daskrl eval``: :func:`marl.mappo.evaluate_teams` with the request's episodes, seed and
     mode; ``--opponent random`` makes the headline each trained team against random ones."""
+    if request.video_dir is not None:
+        raise ValueError("--video: MAPPO's batched multi-agent envs have no renderer here; "
+                         "drop --video")
     if request.env_id is not None and request.env_id != config.env:
         raise ValueError(f"--env {request.env_id!r}: a MAPPO run evaluates on the env it "
                          f"trained on ({config.env!r}); drop --env")

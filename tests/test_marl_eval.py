@@ -105,3 +105,5 @@ def test_graph_sets_make_policy_and_evaluator():
     assert len(actions[:, 3].unique()) == 5  # the random prey: every action
     out = algo.evaluator(weights, EvalRequest(episodes=8, seed=0, opponent="random"))
     assert out["eval_episodes"] == 8 and "eval_vs_random_return_se/adversary" in out
+    with pytest.raises(ValueError, match="--video"):
+        algo.evaluator(weights, EvalRequest(episodes=2, video_dir=Path("videos")))
