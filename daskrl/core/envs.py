@@ -61,10 +61,30 @@ def check_env_id(env_id: str) -> None:
         raise ValueError(f"unknown env id {env_id!r}{hint}: {exc}") from None
 
 
+class FireReset(gym.Wrapper):
+    """Press FIRE after every reset in games that wait for it (Breakout): a policy that has
+    not learnt to fire would otherwise idle until the 27,000-step limit (as in the DQN, SB3
+    and CleanRL set-ups, and EnvPool's ``use_fire_reset``)."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset, then step FIRE (and reset again if that ended the episode)."""
+        obs, info = self.env.reset(**kwargs)
+        obs, _, term, trunc, info = self.env.step(1)
+        if term or trunc:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def _fire_reset(env: gym.Env) -> gym.Env:
+    meanings = env.unwrapped.get_action_meanings()
+    return FireReset(env) if len(meanings) > 1 and meanings[1] == "FIRE" else env
+
+
 def _atari_wrappers() -> list[Any]:
     from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
-    return [AtariPreprocessing, partial(FrameStackObservation, stack_size=FRAME_STACK)]
+    return [AtariPreprocessing, _fire_reset,
+            partial(FrameStackObservation, stack_size=FRAME_STACK)]
 
 
 def _atari_kwargs(env_id: str) -> dict[str, Any]:
@@ -164,7 +184,9 @@ class EnvPoolVectorEnv:
             hint = f" (it has {', '.join(close)})" if close else ""
             raise ValueError(f"env {env_id!r} is not in EnvPool{hint}: use --env-backend "
                              "gymnasium")
-        self.env = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        # EnvPool takes an int32 seed; replica seeds are drawn from [0, 2**32)
+        self.env = envpool.make(task, env_type="gymnasium", num_envs=num_envs,
+                                seed=seed % 2**31)
         self.num_envs = num_envs
         self.single_observation_space = self.env.observation_space
         self.single_action_space = self.env.action_space
