@@ -76,7 +76,11 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--out", type=Path, default=None,
         help="output folder (default: runs/<graph>-<time>)")
     add(train, "train", "--resume", action="store_true",
-        help="continue from --out's newest checkpoint; a larger --steps extends the run")
+        help="continue from --out's newest checkpoint; a larger --steps extends the run, "
+             "and the learning-rate schedule goes on from the value it had reached, linearly "
+             "to its end value at the new last iteration (kept as 'schedule' in summary.json "
+             "and the checkpoints; an annealed schedule that already ended stays at 0: "
+             "pass --no-anneal-lr to train on at --learning-rate)")
     add(train, "train", "--report", type=Path, default=None, metavar="FILE.html",
         help="save Dask's performance report of the run (task stream, worker profiles, "
              "bandwidth); needs a Dask scheduler, so not with --scheduler sync")

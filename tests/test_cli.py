@@ -309,3 +309,22 @@ def test_the_readme_graph_runs_as_written_and_its_policy_evaluates(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Acrobot-v1, 2 episodes: return ")
     assert "examples/local_run.py" in text  # training from Python is listed too
+
+
+def test_a_longer_resume_continues_the_learning_rate_schedule(cluster_tiny_ppo, tmp_path):
+    algo = cluster_tiny_ppo(num_actors=1)
+    per = algo.steps_per_iteration
+    settings = RunSettings(out=tmp_path, steps=4 * per, progress=False, eval=False,
+                           tensorboard=False, checkpoint_every=1)
+    train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
+    for late in ("ckpt-00000003.pt", "ckpt-00000004.pt"):  # as if stopped after iteration 2
+        (tmp_path / "checkpoints" / late).unlink()
+    resumed = RunSettings(out=tmp_path, steps=8 * per, resume=True, progress=False,
+                          eval=False, tensorboard=False)
+    summary = train(SyncBackend(), algo, get_distribution("actors-learner"), resumed)
+    rates = [float(r["charts/learning_rate"]) for r in read_csv(tmp_path / "metrics.csv")]
+    lr = 2.5e-4
+    # iterations 1-2 on the 4-iteration schedule; from 3 on, 0.5 -> 1 over 6 iterations
+    expected = [lr * (1 - p) for p in (0, 1 / 4, *(0.5 + 0.5 * j / 6 for j in range(6)))]
+    assert rates == pytest.approx(expected, rel=1e-5)  # the CSV keeps 6 digits
+    assert summary["schedule"] == {"start": 2, "at": 0.5, "iterations": 8}

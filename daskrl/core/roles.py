@@ -38,6 +38,29 @@ class TaskContext:
     after: int | None = None
     """For a rollout: the iteration whose rollout of the same envs must run first on this
     worker (one-step-stale rollouts of consecutive iterations can be ready at once)."""
+    schedule: tuple[int, float] = (0, 0.0)
+    """``(iteration, progress)`` the schedules go on from: (0, 0.0) for a run as launched; a
+    run resumed with another length continues from where its schedule stood (see
+    :meth:`progress`)."""
+
+    def progress(self, iteration: float | None = None) -> float:
+        """Where ``iteration`` (default: this task's) stands in the run's schedules (the
+        learning rate's), 0 at the start and 1 at ``num_iterations``: linear from
+        :attr:`schedule` on, so a resumed run that asks for more iterations continues its
+        schedule from the value it had reached instead of restarting it.
+
+        Examples
+        --------
+        >>> TaskContext("r", 1, 0, 5, 10).progress()
+        0.5
+        >>> TaskContext("r", 1, 0, 15, 20, schedule=(10, 0.8)).progress()  # 0.8 -> 1 over 10
+        0.9
+        """
+        it = self.iteration if iteration is None else iteration
+        start, at = self.schedule
+        if start == 0 and at == 0.0:  # as launched (the formula bit-exact runs were made with)
+            return it / self.num_iterations
+        return at + (1.0 - at) * (it - start) / max(1, self.num_iterations - start)
 
     def replica_seed(self, salt: int = 0) -> int:
         """A seed for (run seed, replica, salt), independent across replicas.
@@ -207,7 +230,7 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     check_batches(batches)
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
-    metrics: dict[str, Any] = learner.update(list(batches), ctx.iteration / ctx.num_iterations)
+    metrics: dict[str, Any] = learner.update(list(batches), ctx.progress())
     expect(metrics, "learner", "the learner's update(batches, progress)", dict)
     holder["version"] = learner_in.version + 1
     metrics.update(merge_stats([b["stats"] for b in batches]))

@@ -70,7 +70,7 @@ class _Applier:
               ) -> bool:
         """Apply actor ``a``'s gradient (computed with version ``used``); True: send it more."""
         ctx, per_iter = self.ctx, len(self.steps) * self.algo.num_steps
-        progress = min(1.0, (ctx.iteration + sum(self.steps) / per_iter) / ctx.num_iterations)
+        progress = min(1.0, ctx.progress(ctx.iteration + sum(self.steps) / per_iter))
         self.metrics = dict(self.learner.schedule(progress))
         self.learner.apply_gradients(grads)
         self.staleness.append(self.version - used)

@@ -37,12 +37,14 @@ class IterationInputs:
     count: int = 1
     """Iterations this graph runs, ``iteration`` to ``iteration + count - 1`` (more than one
     only when the distribution's ``iterations_per_task`` allowed it)."""
+    schedule: tuple[int, float] = (0, 0.0)
+    """Where the run's schedules go on from (``TaskContext.schedule``)."""
 
     def context(self, role: str, replica: int) -> TaskContext:
         """The task context of one replica of ``role`` in this iteration."""
         gpu = self.placement.resources[role].gpu if role in self.placement.resources else 0
         return TaskContext(self.run, self.seed, replica, self.iteration, self.num_iterations, gpu,
-                           self.deterministic, self.env_retries)
+                           self.deterministic, self.env_retries, schedule=self.schedule)
 
 
 class Unsupported(ValueError):

@@ -65,7 +65,7 @@ def replica_first(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput) 
     """Role ``replica`` (``allreduce=dask``): roll out, start the update, return the first
     tensor to average (see :class:`ReplicaUpdate`)."""
     holder, learner, batch = start_replica(ctx, algo, learner_in)
-    holder["update"] = ReplicaUpdate(learner, [batch], ctx.iteration / ctx.num_iterations)
+    holder["update"] = ReplicaUpdate(learner, [batch], ctx.progress())
     return holder["update"].start()
 
 

@@ -68,7 +68,7 @@ def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
     batch = actor.rollout(algo.num_steps)
     t2 = time.time()
     stats = batch["stats"]
-    metrics = learner.update([batch], ctx.iteration / ctx.num_iterations)
+    metrics = learner.update([batch], ctx.progress())
     holder["version"] = learner_in.version + 1
     stats.update(worker=worker_name(), built=actor_built, replica="all")
     keep_snapshot(ctx, actor, "single", replicas if len(replicas) > 1 else 0, stats)

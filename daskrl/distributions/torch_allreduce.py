@@ -76,7 +76,7 @@ def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
             raise PeerLost(f"data-parallel:allreduce=torch: a replica is gone ({exc})") from None
         return flat / world
 
-    update = ReplicaUpdate(learner, [batch], ctx.iteration / ctx.num_iterations)
+    update = ReplicaUpdate(learner, [batch], ctx.progress())
     flat: torch.Tensor | None = update.start()
     while flat is not None:  # the same plan on every replica: the same number of rounds
         flat = update.step(average(flat))

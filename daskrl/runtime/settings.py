@@ -58,6 +58,10 @@ class RunSettings:
     """Times a rollout whose env raised is retried on rebuilt envs."""
     progress: bool = True
     """Show a progress bar."""
+    schedule: tuple[int, float] = (0, 0.0)
+    """``(iteration, progress)`` the learning-rate schedule goes on from; the driver sets it
+    on a resume that changes the run's length (:func:`~daskrl.runtime.driver.schedule_start`),
+    so the schedule continues from the value it had reached."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Copied into the summary and every checkpoint (the graph, its config)."""
 
