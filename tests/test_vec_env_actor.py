@@ -136,3 +136,43 @@ def test_rollout_log_probs_and_values_are_the_networks():
     np.testing.assert_allclose(first["logp"], logp.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(first["values"], values.numpy(), rtol=1e-5, atol=1e-6)
     assert len(set(first["actions"].tolist())) == 2  # sampled, not greedy
+
+
+def test_gaussian_actor_clips_actions_and_scales_rewards_by_the_return_statistics():
+    """A Pendulum actor with reward scaling: the envs get the sampled actions clipped to
+    [-2, 2]; GAE runs on rewards divided by the std of the running return statistics it was
+    sent; the batch's return moments are those of each env's discounted return (a replay on a
+    fresh env gives the rewards)."""
+    from daskrl.algos.gae import gae
+    from daskrl.algos.normalize import Moments, Normalization
+
+    num_envs, steps, gamma, lam = 2, 30, 0.9, 0.8
+    actor = VecEnvActor("Pendulum-v1", num_envs, seed=5, hidden=(8,), gamma=gamma,
+                        gae_lambda=lam, normalization=Normalization(obs=True, reward=True))
+    weights = actor.net.state_dict()
+    weights["ret_rms.var"] = torch.tensor(4.0, dtype=torch.float64)  # rewards halved
+    weights["actor_logstd"] = torch.full((1, 1), 1.0)  # wide: some samples exceed the bounds
+    actor.set_weights(weights, 0)
+    batch = actor.rollout(steps)  # 30 < 200 steps: no episode ends, every step is valid
+    assert batch["stats"]["env_steps"] == steps * num_envs
+    actions = batch["actions"].reshape(steps, num_envs, 1)
+    assert np.abs(actions).max() > 2
+    env = make_vector_env("Pendulum-v1", num_envs, seed=5)
+    env.reset(seed=5)
+    rewards = np.stack([env.step(np.clip(a, -2, 2))[1] for a in actions])
+    discounted = np.zeros_like(rewards)
+    acc = np.zeros(num_envs)
+    for t in range(steps):
+        acc = acc * gamma + rewards[t]
+        discounted[t] = acc
+    got = batch["moments"]["ret"]
+    want = Moments.of(discounted.reshape(-1))
+    assert got.count == want.count
+    np.testing.assert_allclose([got.mean, got.m2], [want.mean, want.m2], rtol=1e-9)
+    values = batch["values"].reshape(steps, num_envs)
+    with torch.no_grad():
+        last = actor.net.value(torch.as_tensor(actor.runner.obs)).numpy()
+    no = np.zeros((steps, num_envs), bool)
+    adv, _ = gae(rewards / np.sqrt(4.0 + 1e-8), values, np.concatenate([values[1:], last[None]]),
+                 no, no, gamma, lam)
+    np.testing.assert_allclose(batch["advantages"], adv.reshape(-1), rtol=1e-4, atol=1e-4)
