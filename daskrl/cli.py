@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import signal
 import sys
@@ -118,6 +119,8 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         check_settings(settings)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.track == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        raise UserError("--track mlflow needs MLflow: pip install 'daskrl[mlflow]'")
     if args.report is not None and args.scheduler == "sync":
         raise UserError(f"--report {args.report}: Dask's performance report records a "
                         "distributed scheduler's task stream, and --scheduler sync runs without "
@@ -130,6 +133,9 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                   f"{settings.steps} asks for {total}; pass a larger --steps to train further",
                   file=sys.stderr)
             return 0
+    if args.max_restarts and (args.scheduler or batch is not None):
+        raise UserError("--max-restarts starts the embedded cluster again: not with "
+                        "--scheduler or --cluster (restart those yourself, then --resume)")
     cluster = client = None
     try:
         if args.scheduler == "sync":
@@ -161,6 +167,21 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                 with performance_report(filename=str(args.report)):
                     summary = train(backend, algo, distribution, settings)
                 print(f"wrote {args.report}", file=sys.stderr)
+            elif settings.max_restarts and cluster is not None and batch is None:
+                from daskrl.runtime.restart import train_with_restarts
+
+                def restart() -> Any:
+                    """Close the lost embedded cluster; a new one's backend."""
+                    nonlocal cluster, client
+                    client.close()
+                    cluster.close()
+                    cluster = local_cluster(default_worker_resources(workers),
+                                            security=args.tls)
+                    client = Client(cluster)
+                    print(f"scheduler: {client.scheduler.address}", file=sys.stderr)
+                    return DaskBackend(client)
+
+                summary = train_with_restarts(backend, restart, algo, distribution, settings)
             else:
                 summary = train(backend, algo, distribution, settings)
         except (ValueError, FloatingPointError, FragmentError, RunStopped) as exc:
@@ -175,6 +196,10 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
     keys = ("env_steps", "wall_s", "env_steps_per_s", "eval_return_mean")
     print(" ".join(f"{k}={summary[k]:.6g}" for k in keys if k in summary))
     print(f"wrote {out}/metrics.csv, {out}/summary.json, {out}/checkpoints/")
+    if args.track == "mlflow":
+        from daskrl.trained.track import log_run_mlflow
+
+        print(f"mlflow run {log_run_mlflow(out)} (experiment daskrl)")
     return 0
 
 

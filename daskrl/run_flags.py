@@ -70,6 +70,11 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--resources", action="append", default=[],
         metavar="ROLE=KEY:N[,KEY:N]",
         help="override a role's resources, e.g. learner=GPU:1 (repeatable)")
+    add(train, "train", "--track", choices=("tensorboard", "mlflow"), default="tensorboard",
+        help="where else the run is recorded: TensorBoard events (OUT/tb) are always written; "
+             "mlflow also records it in MLflow at the end (params, metrics by env step, "
+             "artifacts) in a local folder, OUT/../mlruns, or $MLFLOW_TRACKING_URI; needs "
+             "pip install 'daskrl[mlflow]' (default: tensorboard)")
     add(train, "train", "--config", type=Path, default=None, metavar="FILE.yaml",
         help="graph settings from a YAML file (a run's OUT/config.yaml, or keys named like "
              "GRAPH's Config fields); flags on the line override it")

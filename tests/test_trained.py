@@ -3,6 +3,7 @@ torch, without daskrl), ``daskrl.load_policy``, on a short real PPO run on CartP
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
@@ -195,3 +196,22 @@ def test_a_multi_agent_run_is_evaluated_by_its_own_evaluator(tmp_path):
     assert any(ln.startswith("  eval_vs_random_return_mean/") for ln in lines), lines
     export = daskrl_cli(["export", "run", "--out", "p.pt2"], tmp_path)
     assert export.returncode == 2 and "export supports single-agent" in export.stderr
+
+
+def test_a_run_recorded_in_mlflow_has_its_config_metrics_and_files(trained, tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from daskrl.trained.track import log_run_mlflow
+
+    uri = (tmp_path / "mlruns").as_uri()
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    run_id = log_run_mlflow(trained, tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    assert run.data.params["config.num_envs"] == "4" and run.info.status == "FINISHED"
+    history = client.get_metric_history(run_id, "losses/policy_loss")
+    rows = [r for r in csv.DictReader((trained / "metrics.csv").open()) if r["iteration"]]
+    assert [m.step for m in history] == [int(r["env_steps"]) for r in rows]
+    assert {"summary.json", "config.yaml", "metrics.csv"} <= {
+        a.path for a in client.list_artifacts(run_id)}
