@@ -61,7 +61,14 @@ from daskrl.core.resources import Resources
 from daskrl.core.roles import TaskContext, merge_stats, resident_learner
 from daskrl.core.worker_state import resident, worker_name
 from daskrl.distributions.async_grads import on_worker, waiting
-from daskrl.distributions.base import Distribution, IterationInputs, pinned, step_key, to_int
+from daskrl.distributions.base import (
+    Distribution,
+    IterationInputs,
+    pinned,
+    step_key,
+    to_bool,
+    to_int,
+)
 
 ActorSpec = tuple[str | None, dict[str, float]]
 """An actor's worker name and the Dask resources of its rollouts."""
@@ -110,6 +117,69 @@ def free_rollout(ctx: TaskContext, algo: Algorithm, fallback: LearnerOutput | No
         return roles.rollout(ctx, algo, fallback, algo.num_steps)
 
 
+class Publisher:
+    """Publishes a learner's newest weights from a thread of its own, so that an update does
+    not wait on the scheduler: :meth:`offer` hands over ``(version, weights)`` and returns;
+    the thread scatters the newest one offered (older ones it had no time for are skipped)
+    to the learner's worker and sets the run's variables to it."""
+
+    def __init__(self, client: Any, run: str, address: str) -> None:
+        self.client, self.address = client, address
+        self.weights = Variable(channel_name(run), client=client)
+        self.version = Variable(channel_name(run, "version"), client=client)
+        self.cond = threading.Condition()
+        self.latest: tuple[int, Weights] | None = None
+        self.published: Future | None = None
+        self.closed = False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name=f"impala-publish-{run}",
+                                       daemon=True)
+        self.thread.start()
+
+    def publish_now(self, version: int, weights: Weights) -> None:
+        """Publish in this thread (the first weights, before any rollout asks for them)."""
+        # one future for the pair (scatter would split a bare tuple into two)
+        future = self.client.scatter([(version, weights)], workers=[self.address],
+                                     hash=False)[0]
+        self.weights.set(future)
+        self.version.set(version)
+        self.published = future  # the variable holds it too; this keeps it while replaced
+
+    def offer(self, version: int, weights: Weights) -> None:
+        """Publish ``(version, weights)`` soon, in the publishing thread."""
+        if self.error is not None:
+            raise self.error
+        with self.cond:
+            self.latest = (version, weights)
+            self.cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.latest is not None or self.closed)
+                if self.closed:
+                    return
+                item, self.latest = self.latest, None
+            try:
+                assert item is not None
+                self.publish_now(*item)
+            except BaseException as exc:  # noqa: BLE001 - raised by the next offer()
+                self.error = exc
+                return
+
+    def close(self) -> None:
+        """Stop the thread and delete the run's variables (the run ends)."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        self.thread.join(timeout=30)
+        for var in (self.weights, self.version):
+            try:
+                var.delete()
+            except Exception:  # noqa: BLE001 - the scheduler may be going away
+                pass
+
+
 @dataclasses.dataclass
 class Pipeline:
     """The learner's side of a run's free-running actors, resident on the learner's worker
@@ -119,7 +189,7 @@ class Pipeline:
     """Actor -> the worker its next rollouts are pinned to."""
     pending: dict[str, tuple[int, Future]] = dataclasses.field(default_factory=dict)
     rounds: dict[int, int] = dataclasses.field(default_factory=dict)
-    published: Future | None = None
+    publisher: Publisher | None = None
     last_end: float | None = None
 
     def in_flight(self, actor: int) -> int:
@@ -127,18 +197,21 @@ class Pipeline:
         return sum(1 for a, _ in self.pending.values() if a == actor)
 
     def cancel(self, client: Any) -> None:
-        """Let go of every rollout in flight (the run ends)."""
+        """Let go of every rollout in flight and stop publishing (the run ends)."""
         futures = [f for _, f in self.pending.values()]
         if futures:
             client.cancel(futures)
         self.pending.clear()
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
 
 
 class _Iteration:
     """What one iteration of the learner records: its batches, lags, waits and metrics."""
 
     def __init__(self, begin: float) -> None:
-        self.begin, self.wait_s = begin, 0.0
+        self.begin, self.wait_s, self.publish_s, self.update_s = begin, 0.0, 0.0, 0.0
         self.stats: list[dict[str, Any]] = []
         self.lags: list[str] = []
         self.lag_values: list[int] = []
@@ -157,6 +230,7 @@ class _Iteration:
             policy_lag=float(np.mean(self.lag_values)), policy_lag_max=int(max(self.lag_values)),
             policy_lags=" ".join(self.lags), batches_dropped=self.dropped, weights_version=updates,
             learner_busy=busy / wall, learner_wait_s=self.wait_s, learner_worker=worker_name(),
+            learner_update_s=self.update_s, learner_publish_s=self.publish_s,
             # each actor, on a core of its own, lands a batch per rollout: this many keep an
             # update's worth of batches coming
             actors_for_busy=max(1, int(np.ceil(rollout_s / max(per_update, 1e-9)))),
@@ -180,7 +254,7 @@ def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     history: list[dict[str, Any]] = []
 
     def progress(j: int, used: int) -> float:
-        return min(1.0, (ctx.iteration + j + used / n) / ctx.num_iterations)
+        return min(1.0, ctx.progress(ctx.iteration + j + used / n))
 
     def actor_ctx(a: int, j: int) -> TaskContext:
         return dataclasses.replace(ctx, replica=a, iteration=ctx.iteration + j, gpu=0.0)
@@ -221,17 +295,11 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
             old.cancel(client)
         pipes.clear()
         pipe = pipes[ctx.run] = Pipeline(where={a: w for a, (w, _) in enumerate(actors)})
-    channel = Variable(channel_name(ctx.run), client=client)
-    version = Variable(channel_name(ctx.run, "version"), client=client)
     me = get_worker()
     homes = {a: w for a, (w, _) in enumerate(actors)}
-
-    def publish() -> None:
-        # one future for the pair (scatter would split a bare tuple into two)
-        pipe.published = client.scatter([(updates, learner.weights())], workers=[me.address],
-                                        hash=False)[0]
-        channel.set(pipe.published)
-        version.set(updates)
+    if pipe.publisher is None:
+        pipe.publisher = Publisher(client, ctx.run, me.address)
+    publisher = pipe.publisher
 
     def submit(a: int, j: int) -> Future:
         worker = pipe.where.get(a)
@@ -270,7 +338,7 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
                 moved = True
         return moved
 
-    publish()
+    publisher.publish_now(updates, learner.weights())
     for a in range(len(actors)):
         while pipe.in_flight(a) < in_flight:
             submit(a, 0)
@@ -299,9 +367,13 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
             if max_lag is not None and lag > max_lag:
                 it.dropped += 1
                 continue
+            t1 = time.time()
             it.metrics = learner.update([batch], progress(j, used))
             updates += 1
-            publish()
+            t2 = time.time()
+            publisher.offer(updates, learner.weights())
+            it.update_s += t2 - t1
+            it.publish_s += time.time() - t2
             used += 1
             it.stats.append(batch["stats"])
             it.lags.append(f"{a}:{lag}")
@@ -311,8 +383,6 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
     if ctx.iteration + count >= ctx.num_iterations:  # the run's last: stop the actors
         pipe.cancel(client)
         pipes.pop(ctx.run, None)
-        channel.delete()
-        version.delete()
     return history
 
 
@@ -329,6 +399,11 @@ class Impala(Distribution):
     iterations_per_task : int
         The most iterations one learner task runs (the driver sizes tasks to about
         ``RunSettings.task_s``); the rollouts in flight carry over between tasks.
+    apart : bool
+        Keep the actors off the learner's worker when others fit (it then holds its CPU
+        slot, so its core is its own). Default False: actors are spread over every worker,
+        the learner's too, and the learner holds no CPU slot (on few cores the envs get
+        them all, and the learner's work interleaves with theirs).
 
     Examples
     --------
@@ -348,7 +423,8 @@ class Impala(Distribution):
     replaceable = frozenset({"rollout"})
 
     def __init__(self, in_flight: int | str = 2, max_lag: int | str | None = None,
-                 iterations_per_task: int | str = 16) -> None:
+                 iterations_per_task: int | str = 16, apart: bool | str = False) -> None:
+        self.apart = to_bool("apart", apart)
         self.in_flight = to_int("in_flight", in_flight)
         self.max_lag = (None if max_lag is None or str(max_lag).lower() == "none"
                         else to_int("max_lag", max_lag, minimum=0))
@@ -360,14 +436,18 @@ class Impala(Distribution):
                           "with a value head whose actor records sequences)"}
 
     def workers_wanted(self, algo: Algorithm) -> int:
-        """One worker per actor, plus the learner's."""
-        return algo.num_actors + 1
+        """One worker per actor, plus the learner's when ``apart``."""
+        return algo.num_actors + int(self.apart)
 
     def fragments(self, algo: Algorithm) -> list[Fragment]:
-        """The learner first, then the actors, which avoid its worker when others fit."""
-        return [Fragment(impala_learn, "learner", algo.resources_for("learner")),
-                Fragment(free_rollout, "rollout", algo.resources_for("rollout"),
-                         algo.num_actors, apart_from=("learner",))]
+        """The learner and the actors. ``apart``: the learner first, the actors avoid its
+        worker when others fit; else the actors first, spread over the workers, and the
+        learner on a worker without one when there is one."""
+        learner = Fragment(impala_learn, "learner", algo.resources_for("learner"),
+                           apart_from=() if self.apart else ("rollout",))
+        actors = Fragment(free_rollout, "rollout", algo.resources_for("rollout"),
+                          algo.num_actors, apart_from=("learner",) if self.apart else ())
+        return [learner, actors] if self.apart else [actors, learner]
 
     def iterations_per_task(self, inputs: IterationInputs) -> int:
         """``iterations_per_task``: rollouts carry over between learner tasks."""

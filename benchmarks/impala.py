@@ -1,0 +1,220 @@
+"""IMPALA's free-running actors against lockstep and one-step-stale ``actors-learner``.
+
+The same graph (``graphs/impala.py``: a V-trace actor-critic, one gradient step per batch)
+runs under three distributions on ``--workers`` workers of the embedded cluster:
+
+``impala``
+    free-running actors (``in_flight`` rollouts each), the learner updates on each batch as
+    it lands;
+``lockstep``
+    ``actors-learner``: every rollout waits for the previous update (lag 0);
+``stale=1``
+    ``actors-learner:stale=1``: rollouts act one update behind, overlapping the update.
+
+Phases (``--phases``, all by default):
+
+speed
+    CartPole-v1 and the same with ``--env-step-cost`` CPU seconds burnt per env step, with
+    1, 2 and 4 actors: steady env-steps/s (first iteration left out), the learner's busy
+    share (``impala``: its ``learner_busy``; ``actors-learner``: learner task time over
+    iteration time) and the mean policy lag (updates between the acting weights and the
+    learner's).
+learn
+    CartPole-v1 with ``--learn-actors`` actors up to ``--learn-steps`` env steps, evaluated
+    every ``--eval-steps`` env steps (10 greedy episodes, ``--eval-every``): wall clock and
+    env steps at the first evaluation reaching ``--threshold``, and the final evaluation.
+
+Medians over ``--repeats`` (seeds 1, 2, ...; repeats are the outer loop so that load from
+other work on the machine spreads over all cells); the load average is recorded before and
+after each run. Run ``python benchmarks/impala.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    ROOT,
+    load_average,
+    machine_info,
+    markdown_table,
+    median,
+    update_section,
+    write_json,
+)
+
+SYSTEMS = {"impala": "impala", "lockstep": "actors-learner", "stale=1": "actors-learner:stale=1"}
+"""Column name -> ``--distribution``."""
+
+
+def run_once(out: Path, system: str, actors: int, seed: int, steps: int, workers: int,
+             step_cost: float = 0.0, eval_every: int = 0) -> dict[str, Any]:
+    """One ``daskrl train graphs/impala.py`` process; its metrics boiled down."""
+    args = [sys.executable, "-m", "daskrl.cli", "train", "graphs/impala.py", "--workers",
+            str(workers), "--num-actors", str(actors), "--distribution", SYSTEMS[system],
+            "--seed", str(seed), "--steps", str(steps), "--out", str(out), "--no-progress",
+            "--env-step-cost", str(step_cost)]
+    args += ["--eval-every", str(eval_every)] if eval_every else ["--no-eval"]
+    before = load_average()
+    t0 = time.perf_counter()
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    after = load_average()
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:], "load_before": before, "load_after": after}
+    with (out / "metrics.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    summary = json.loads((out / "summary.json").read_text())
+    return {**boil(rows), "process_s": wall, "final_eval": summary.get("eval_return_mean"),
+            "load_before": before, "load_after": after}
+
+
+def _num(value: str | None) -> float:
+    try:
+        return float(value) if value not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def boil(rows: list[dict[str, str]], threshold: float = 475.0) -> dict[str, Any]:
+    """Steady env-steps/s, learner busy share, mean policy lag, time to ``threshold``."""
+    train = [r for r in rows if _num(r.get("iteration_s")) == _num(r.get("iteration_s"))]
+    first, last = train[0], train[-1]
+    steady = (_num(last["env_steps"]) - _num(first["env_steps"])) / max(
+        1e-9, _num(last["wall_s"]) - _num(first["wall_s"]))
+    later = train[1:] or train
+    busy = [_num(r.get("learner_busy")) for r in later]
+    busy = [b for b in busy if not math.isnan(b)]
+    if not busy:  # a lockstep or stale learner: its task time over the iteration's
+        learn = sum(_num(r.get("learn_s")) for r in later)
+        total = sum(_num(r.get("iteration_s")) for r in later)
+        busy = [learn / total] if total > 0 else []
+    lags = [_num(r.get("policy_lag")) for r in later]
+    lags = [x for x in lags if not math.isnan(x)]
+    by_iteration = {int(_num(r["iteration"])): r for r in train}
+    reached = None
+    for r in rows:  # eval rows name the iteration whose weights they scored
+        if _num(r.get("eval_return_mean")) >= threshold:
+            at = by_iteration.get(int(_num(r.get("eval_iteration"))), r)
+            reached = {"wall_s": _num(at["wall_s"]), "env_steps": _num(at["env_steps"])}
+            break
+    return {"env_steps_per_s": steady, "learner_busy": statistics.fmean(busy) if busy else None,
+            "policy_lag": statistics.fmean(lags) if lags else 0.0,
+            "to_threshold": reached, "iterations": len(train)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--phases", default="speed,learn")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--actors", default="1,2,4")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--speed-steps", type=int, default=40_000)
+    p.add_argument("--costly-steps", type=int, default=8_192)
+    p.add_argument("--env-step-cost", type=float, default=0.001)
+    p.add_argument("--learn-actors", type=int, default=2)
+    p.add_argument("--learn-steps", type=int, default=500_000)
+    p.add_argument("--eval-steps", type=int, default=10_240)
+    p.add_argument("--threshold", type=float, default=475.0)
+    p.add_argument("--quick", action="store_true", help="a smoke test; writes nothing here")
+    p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/impala.json")
+    p.add_argument("--md", type=Path, default=ROOT / "benchmarks/impala.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.speed_steps, args.costly_steps = 1, 4096, 2048
+        args.learn_steps, args.actors = 8192, "2"
+    actors = [int(a) for a in args.actors.split(",")]
+    systems = args.systems.split(",")
+    phases = args.phases.split(",")
+    results: dict[str, Any] = {"machine": machine_info(), "settings": vars(args) | {
+        "json": str(args.json), "md": str(args.md)}, "runs": []}
+    tmp = Path(tempfile.mkdtemp(prefix="impala-bench-"))
+    for seed in range(1, args.repeats + 1):
+        cells: list[tuple[str, str, int, int, float, int]] = []
+        if "speed" in phases:
+            for env, steps, cost in (("CartPole-v1", args.speed_steps, 0.0),
+                                     (f"CartPole-v1 + {args.env_step_cost} s/step",
+                                      args.costly_steps, args.env_step_cost)):
+                cells += [("speed", env, n, steps, cost, 0) for n in actors]
+        if "learn" in phases:
+            every = max(1, args.eval_steps // (args.learn_actors * 8 * 32))
+            cells.append(("learn", "CartPole-v1", args.learn_actors, args.learn_steps, 0.0,
+                          every))
+        for phase, env, n, steps, cost, every in cells:
+            for system in systems:
+                out = tmp / f"{phase}-{system}-{n}-{cost}-{seed}"
+                got = run_once(out, system, n, seed, steps, args.workers, cost, every)
+                row = {"phase": phase, "env": env, "system": system, "actors": n, "seed": seed,
+                       **got}
+                results["runs"].append(row)
+                print(json.dumps({k: row.get(k) for k in (
+                    "phase", "env", "system", "actors", "seed", "env_steps_per_s",
+                    "learner_busy", "policy_lag", "to_threshold", "final_eval", "error")}),
+                    flush=True)
+                if not args.quick:  # after every run: an interrupted benchmark keeps its part
+                    write_json(args.json, results)
+                    update_section(args.md, "impala", report(results))
+    return 0
+
+
+def _cell(runs: list[dict[str, Any]], key: str) -> float | None:
+    return median([r.get(key) for r in runs if not r.get("error")])
+
+
+def report(results: dict[str, Any]) -> str:
+    """The markdown tables: medians per cell, and the load the runs saw."""
+    runs = results["runs"]
+    s = results["settings"]
+    loads = [r["load_before"]["load_1m"] for r in runs] + [r["load_after"]["load_1m"]
+                                                          for r in runs]
+    done = max(r["seed"] for r in runs)
+    lines = [f"Medians of {done} repeat(s) (seeds 1..{done}), {s['workers']} workers of "
+             f"the embedded cluster, machine shared with other work: 1-minute load average "
+             f"{min(loads):.1f}-{max(loads):.1f} during the runs (2 cores). Ratios between "
+             "columns of one row are the comparable numbers.", ""]
+    speed = [r for r in runs if r["phase"] == "speed"]
+    if speed:
+        rows = []
+        for env in dict.fromkeys(r["env"] for r in speed):
+            for n in sorted({r["actors"] for r in speed if r["env"] == env}):
+                cell = {sy: [r for r in speed if (r["env"], r["actors"], r["system"]) ==
+                             (env, n, sy)] for sy in SYSTEMS}
+                rows.append([env, str(n)]
+                            + [_cell(cell[sy], "env_steps_per_s") for sy in SYSTEMS]
+                            + [_cell(cell[sy], "learner_busy") for sy in SYSTEMS]
+                            + [_cell(cell[sy], "policy_lag") for sy in SYSTEMS])
+        heads = ["env", "actors"] + [f"steps/s {sy}" for sy in SYSTEMS] + [
+            f"learner busy {sy}" for sy in SYSTEMS] + [f"lag {sy}" for sy in SYSTEMS]
+        lines += ["### Throughput, learner busy share, policy lag", "",
+                  markdown_table(heads, rows), ""]
+    learn = [r for r in runs if r["phase"] == "learn"]
+    if learn:
+        rows = []
+        for sy in SYSTEMS:
+            mine = [r for r in learn if r["system"] == sy and not r.get("error")]
+            if not mine:
+                continue
+            wall = [(r["to_threshold"] or {}).get("wall_s", math.inf) for r in mine]
+            steps = [(r["to_threshold"] or {}).get("env_steps", math.inf) for r in mine]
+            rows.append([sy, median(wall), median(steps), _cell(mine, "final_eval"),
+                         f"{sum(r['to_threshold'] is not None for r in mine)}/{len(mine)}"])
+        lines += [f"### Wall clock to eval {s['threshold']:g} on CartPole-v1 "
+                  f"({s['learn_actors']} actors, at most {s['learn_steps']:,} env steps)", "",
+                  markdown_table(["system", "wall s", "env steps", "final eval", "reached"],
+                                 rows), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
