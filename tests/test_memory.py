@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,75 @@ def test_ppo_estimate_matches_a_measured_batch() -> None:
     measured = sum(v.nbytes for v in batch.values() if hasattr(v, "nbytes"))
     estimated = algo.num_envs * algo.num_steps * algo.sizes.transition_bytes
     assert 0.5 <= estimated / measured <= 2.0, (estimated, measured)
+
+
+# ------------------------------------------------------------- thread workers share a process
+
+THREAD_WORKERS = 128
+PROCESS_LIMIT = 24 * 2**30
+
+
+def _thread_cluster(**memory_limit: int) -> tuple[LocalCluster, Client]:
+    configure_dask()
+    cluster = LocalCluster(n_workers=THREAD_WORKERS, processes=False, threads_per_worker=1,
+                           dashboard_address=None, **memory_limit)
+    return cluster, Client(cluster)
+
+
+@pytest.fixture(scope="module")
+def cluster_thread_workers() -> Iterator[Client]:
+    """128 in-process workers (threads of this process), each given the process's 24 GiB."""
+    cluster, client = _thread_cluster(memory_limit=PROCESS_LIMIT)
+    with cluster, client:
+        yield client
+
+
+def _place(client: Client, algo: Algorithm) -> Placement:
+    from daskrl.runtime.run_loop import place
+
+    return place(DaskBackend(client), algo, get_distribution("actors-learner"))
+
+
+def test_thread_workers_are_one_process_charged_once(cluster_thread_workers: Client) -> None:
+    backend = DaskBackend(cluster_thread_workers)
+    assert len(set(backend.worker_processes().values())) == 1
+    algo = _algo(transition_bytes=50, model_params=1000)
+    placement = _place(cluster_thread_workers, algo)
+    (need,) = check_memory(backend, algo, get_distribution("actors-learner"),
+                           placement).values()
+    assert need.parts["worker process"] == PROCESS_BYTES  # once, not once per worker
+    assert len(need.workers) == len({w for ws in placement.workers.values() for w in ws}) > 1
+
+
+def test_128_replicas_on_thread_workers_add_up_in_their_process(
+        cluster_thread_workers: Client) -> None:
+    """Each worker alone would fit its limit; together they exceed their process's."""
+    # one replica's rollout: 10 envs x 100 steps x 64 KiB = 62.5 MiB; the learner's worker
+    # alone would hold ~16.5 GiB of its 24 GiB, the process ~32 GiB
+    algo = dataclasses.replace(_algo(transition_bytes=64 * 1024, model_params=1000),
+                               num_actors=THREAD_WORKERS)
+    placement = _place(cluster_thread_workers, algo)
+    assert len(set(placement.workers["rollout"])) == THREAD_WORKERS
+    with pytest.raises(MemoryBudgetError, match=r"^process \S+ would need about 3\d\.\d GiB "
+                                                r".*rollout 0-127.* 128 workers are threads "):
+        check_memory(DaskBackend(cluster_thread_workers), algo,
+                     get_distribution("actors-learner"), placement)
+
+
+def test_thread_workers_with_a_share_of_the_memory_each_are_refused_with_the_fix() -> None:
+    """Dask's default gives thread workers a share of the machine's memory each, and pauses
+    each one once the whole process passes (most of) its own limit: such workers would
+    never run a task, so the run is refused, saying how to give them the process's budget.
+    (Four workers here: 128 paused workers' memory monitors starve the process's event loop.)
+    """
+    configure_dask()
+    share = 300 * 2**20
+    with LocalCluster(n_workers=4, processes=False, threads_per_worker=1, memory_limit=share,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        assert set(DaskBackend(client).memory_limits().values()) == {share}
+        algo = _algo(transition_bytes=50, model_params=1000)
+        with pytest.raises(MemoryBudgetError, match=r"threads of that process, and Dask pauses "
+                                                    r"each one .*own limit, 300\.0 MiB: .*"
+                                                    r"memory_limit="):
+            check_memory(DaskBackend(client), algo, get_distribution("actors-learner"),
+                         _place(client, algo))

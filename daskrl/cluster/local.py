@@ -308,3 +308,16 @@ def worker_resources(client: Client) -> dict[str, dict[str, float]]:
     """Worker (:func:`worker_id`) -> advertised resources, as the scheduler sees them now."""
     return {worker_id(w["name"], addr): dict(w.get("resources") or {})
             for addr, w in scheduler_workers(client).items()}
+
+
+def worker_processes(client: Client) -> dict[str, str]:
+    """Worker (:func:`worker_id`) -> the process it runs in, ``"host:pid"``.
+
+    Thread workers (``LocalCluster(processes=False)``) share their client's process, and
+    ``dask worker --nworkers N`` starts N processes: what memory a worker can use is its
+    process's. A worker that does not answer (it is leaving) is its own process.
+    """
+    info = scheduler_workers(client)
+    pids = client.run(os.getpid, on_error="ignore")
+    return {worker_id(w["name"], addr): f"{w.get('host')}:{pids.get(addr, addr)}"
+            for addr, w in info.items()}

@@ -19,7 +19,12 @@ from dask.delayed import Delayed
 from distributed import Client, wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskrl.cluster.local import scheduler_workers, worker_id, worker_resources
+from daskrl.cluster.local import (
+    scheduler_workers,
+    worker_id,
+    worker_processes,
+    worker_resources,
+)
 from daskrl.compat import graph_annotations
 from daskrl.core.fragment import Fragment
 from daskrl.core.worker_state import register as register_resident_state
@@ -76,6 +81,9 @@ class Backend(Protocol):
 
     def memory_limits(self) -> dict[str, int | None]:
         """Worker name -> memory limit in bytes (None: no limit)."""
+
+    def worker_processes(self) -> dict[str, str]:
+        """Worker name -> the process it runs in (thread workers share one)."""
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """Dask's task-stream records after cursor ``since``, and the next cursor."""
@@ -335,6 +343,11 @@ class DaskBackend:
         return {worker_id(w["name"], addr): int(w.get("memory_limit") or 0) or None
                 for addr, w in scheduler_workers(self.client).items()}
 
+    def worker_processes(self) -> dict[str, str]:
+        """Each worker's ``host:pid`` (:func:`~daskrl.cluster.local.worker_processes`)."""
+        with self._asking_scheduler():
+            return worker_processes(self.client)
+
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """The scheduler's task-stream records (start/stop of each task's compute and
         transfers) from cursor ``since`` on; ``since=None`` starts recording and returns
@@ -491,6 +504,10 @@ class SyncBackend:
     def memory_limits(self) -> dict[str, int | None]:
         """No limit: this process."""
         return {"local": None}
+
+    def worker_processes(self) -> dict[str, str]:
+        """One worker, this process."""
+        return {"local": "local"}
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """No task stream: nothing is scheduled."""

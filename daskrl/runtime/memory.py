@@ -3,11 +3,14 @@
 An algorithm states two sizes (:class:`Sizes`): the bytes one env step adds to a rollout
 batch (all agents of that env together) and its model's parameter count. From those and
 the placement (which replicas of which role sit on which worker), :func:`estimate` adds up
-what each worker holds at once: for every rollout replica its buffers and the batch made
-from them, for the learner the batches it receives and the model, gradients and optimiser
-state, plus the worker process itself. :func:`check_memory` refuses a run whose estimate
-exceeds a worker's memory limit, before any task starts, naming the worker and the flag to
-lower; a Dask worker would otherwise be paused or killed half-way through an iteration.
+what each worker process holds at once: for every rollout replica its buffers and the batch
+made from them, for the learner the batches it receives and the model, gradients and
+optimiser state, plus the process itself, once. Thread workers (``LocalCluster(processes=
+False)``) share one process, so their replicas add up in it. :func:`check_memory` refuses a
+run whose estimate exceeds a process's memory limit, before any task starts, naming the
+workers and the flag to lower; Dask would otherwise pause or kill the workers half-way
+through an iteration. Dask compares the memory of a worker's whole process with that
+worker's own ``memory_limit``, so the limit of a process is the smallest of its workers'.
 
 An algorithm without ``sizes`` is not checked.
 """
@@ -51,11 +54,14 @@ FIXES = {
 
 @dataclass
 class WorkerNeed:
-    """The estimated memory of one worker, by part (``label -> bytes``)."""
+    """The estimated memory of one worker process, by part (``label -> bytes``)."""
 
     worker: str
+    """The worker's name, or ``"process HOST:PID"`` for a process of several workers."""
     parts: dict[str, int] = field(default_factory=dict)
     replicas: dict[str, list[int]] = field(default_factory=dict)
+    workers: list[str] = field(default_factory=list)
+    """The workers of this process that hold replicas."""
 
     @property
     def total(self) -> int:
@@ -100,9 +106,9 @@ def _role_parts(role: str, algo: Algorithm, sizes: Sizes, roles: set[str],
     return parts + [("learner batch", LEARNER_COPIES * every)]
 
 
-def estimate(algo: Algorithm, placement: Placement, distribution: str = ""
-             ) -> dict[str, WorkerNeed]:
-    """Estimated bytes each worker of ``placement`` holds at once during the run.
+def estimate(algo: Algorithm, placement: Placement, distribution: str = "",
+             processes: Mapping[str, str] | None = None) -> dict[str, WorkerNeed]:
+    """Estimated bytes each worker process of ``placement`` holds at once during the run.
 
     Parameters
     ----------
@@ -112,6 +118,14 @@ def estimate(algo: Algorithm, placement: Placement, distribution: str = ""
         Which worker each replica of each role runs on.
     distribution : str
         The distribution's name (``async`` learners receive gradients, not batches).
+    processes : mapping of worker name to its process, optional
+        Workers that share a process (threads) are estimated together, the process once;
+        a worker missing here (or all, by default) is a process of its own.
+
+    Returns
+    -------
+    dict
+        The process (the worker's name when it is alone in it) -> its :class:`WorkerNeed`.
 
     Examples
     --------
@@ -122,17 +136,28 @@ def estimate(algo: Algorithm, placement: Placement, distribution: str = ""
     >>> need = estimate(algo, place, "actors-learner")
     >>> sorted(need), need["w0"].parts["learner batch"] == 2 * 2 * 8 * 128 * 47
     (['w0', 'w1'], True)
+    >>> shared = estimate(algo, place, "actors-learner", {"w0": "h:7", "w1": "h:7"})
+    >>> list(shared), shared["h:7"].parts["worker process"] == PROCESS_BYTES
+    (['h:7'], True)
     """
     sizes = algo.sizes
     if sizes is None:
         return {}
     roles = set(placement.workers)
+    processes = processes or {}
+    names = {name for names in placement.workers.values() for name in names}
+    together: dict[str, set[str]] = {}
+    for name in names:
+        together.setdefault(processes.get(name, name), set()).add(name)
     needs: dict[str, WorkerNeed] = {}
-    for role, names in placement.workers.items():
-        for replica, name in enumerate(names):
-            need = needs.setdefault(name, WorkerNeed(name, {"worker process": PROCESS_BYTES}))
-            for label, nbytes in _role_parts(role, algo, sizes, roles, distribution):
-                need.add(label, nbytes, role, replica)
+    for role, placed in placement.workers.items():
+        for replica, name in enumerate(placed):
+            process = processes.get(name, name)
+            label = name if len(together[process]) == 1 else f"process {process}"
+            need = needs.setdefault(process, WorkerNeed(label, {"worker process": PROCESS_BYTES},
+                                                        workers=sorted(together[process])))
+            for part, nbytes in _role_parts(role, algo, sizes, roles, distribution):
+                need.add(part, nbytes, role, replica)
     return needs
 
 
@@ -142,10 +167,13 @@ class MemoryBudgetError(ValueError):
 
 def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str,
                  placement: Placement) -> dict[str, WorkerNeed]:
-    """Refuse the run when a worker's estimate exceeds its memory limit; return the estimate.
+    """Refuse the run when a worker process's estimate exceeds its memory limit; return
+    the estimate (by process, see :func:`estimate`).
 
     ``backend.memory_limits()`` gives each worker's limit in bytes (``None`` or 0: no
-    limit, as for the in-process backend).
+    limit, as for the in-process backend), ``backend.worker_processes()`` which workers
+    share a process. A process's limit is the smallest of its workers': Dask pauses a
+    worker once its whole process's memory passes a share of that worker's limit.
 
     Raises
     ------
@@ -163,25 +191,52 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str
     True
     """
     name = distribution if isinstance(distribution, str) else distribution.name
-    needs = estimate(algo, placement, name)
-    if not needs:
-        return needs
+    if algo.sizes is None:
+        return {}
+    needs = estimate(algo, placement, name, backend.worker_processes())
     limits: Mapping[str, int | None] = backend.memory_limits()  # None or 0: no limit known
-    for worker, need in sorted(needs.items()):
-        limit = limits.get(worker)
-        if limit and need.total > limit:
-            raise MemoryBudgetError(_refusal(algo, need, limit))
+    for _, need in sorted(needs.items()):
+        known = [limit for w in need.workers if (limit := limits.get(w))]
+        if known and need.total > min(known):
+            raise MemoryBudgetError(_refusal(algo, need, min(known)))
     return needs
 
 
 def _refusal(algo: Algorithm, need: WorkerNeed, limit: int) -> str:
     largest = max((p for p in need.parts if p != "worker process"), key=need.parts.get,
                   default="worker process")
-    held = ", ".join(f"{role} {'/'.join(map(str, sorted(set(r))))}"
-                     for role, r in sorted(need.replicas.items()))
+    held = ", ".join(f"{role} {_runs(r)}" for role, r in sorted(need.replicas.items()))
     step = algo.sizes.transition_bytes if algo.sizes else 0
+    if len(need.workers) > 1:  # threads of one process: each worker's limit is the process's
+        return (f"{need.worker} would need about {format_bytes(need.total)} for this run "
+                f"({held}: {need.describe()}); its {len(need.workers)} workers are threads of "
+                f"that process, and Dask pauses each one once the process's memory nears its "
+                f"own limit, {format_bytes(limit)}: give every worker the process's budget "
+                f"(e.g. LocalCluster(processes=False, memory_limit=\"16GiB\"); Dask's default "
+                f"divides the machine's memory among them), or {FIXES[largest]} (now "
+                f"--num-envs {algo.num_envs}, --num-steps {algo.num_steps}, --num-actors "
+                f"{algo.num_actors})")
     return (f"worker {need.worker!r} would need about {format_bytes(need.total)} for this run "
             f"({held or 'no replicas'}: {need.describe()}) but its memory limit is "
             f"{format_bytes(limit)}: {FIXES[largest]} (now --num-envs {algo.num_envs}, "
             f"--num-steps {algo.num_steps}, --num-actors {algo.num_actors}; one env step holds "
             f"{format_bytes(step)}), or give the workers more memory")
+
+
+def _runs(replicas: list[int]) -> str:
+    """Replica numbers, runs of three or more written ``first-last``.
+
+    Examples
+    --------
+    >>> _runs([0, 1, 2, 3, 5, 7, 8])
+    '0-3/5/7/8'
+    """
+    ordered = sorted(set(replicas))
+    runs: list[list[int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return "/".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else "/".join(map(str, run))
+                    for run in runs)
