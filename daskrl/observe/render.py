@@ -205,8 +205,10 @@ DOC_PICTURES: tuple[tuple[str, str, dict[str, Any], dict[str, dict[str, float]] 
      {"gpu-0": {"CPU": 1, "GPU": 1}, "gpu-1": {"CPU": 1, "GPU": 1}}),
     ("graphs/ppo.py", "single", {"num_actors": 2, "num_envs": 4}, None),
     ("graphs/a3c.py", "async", {"num_envs": 4, "num_steps": 24, "rollout_steps": 8}, None),
+    ("graphs/impala.py", "impala", {"num_actors": 2, "num_envs": 4}, None),
 )
-"""The five pictures under ``docs/graphs/``: small settings keep per-step graphs readable."""
+"""One picture per distribution under ``docs/graphs/``: small settings keep per-step graphs
+readable."""
 
 
 def render_docs(out_dir: str | Path = "docs/graphs", fmt: str = "svg") -> list[Path]:
