@@ -115,6 +115,20 @@ def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
     assert "actor-bound: add" in text and "(--num-actors " in text, text
 
 
+def test_ppo_with_vtrace_runs_under_impala(tmp_path: Path) -> None:
+    from daskrl.runtime.driver import RunSettings, train
+
+    ppo = load_graph(str(ROOT / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config(vtrace=True, num_actors=2, num_envs=2, num_steps=16,
+                                update_epochs=2, num_minibatches=2))
+    summary = train(SyncBackend(), algo, get_distribution("impala"),
+                    RunSettings(out=tmp_path, steps=2 * 64, eval=False, progress=False))
+    rows = _rows(tmp_path / "metrics.csv")
+    assert summary["iterations"] == 2 and all(r["policy_lags"] == "0:0 1:0" for r in rows)
+    assert all(abs(float(r["vtrace/rho_mean"]) - 1) < 1e-4 for r in rows[:1])  # on-policy
+    assert "losses/clipfrac" in rows[0]  # PPO's loss, on V-trace targets
+
+
 # ------------------------------------------------------------------ real workers
 
 
