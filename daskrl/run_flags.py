@@ -110,7 +110,8 @@ def run_parser(graph_flags_help: str | None = None
              "and its worker restarted, then the iteration resubmitted (default: max(10 x the "
              "median of the role's recent task times, 60 s); not with --scheduler sync)")
     add(train, "train", "--max-recoveries", type=int, default=3, metavar="N",
-        help="lost or hung workers survived before the run stops (default: 3)")
+        help="lost or hung workers survived in a row (no iteration finished between) "
+             "before the run stops (default: 3)")
     add(train, "train", "--max-restarts", type=int, default=0, metavar="N",
         help="times the embedded cluster is started again from the last checkpoint when its "
              "scheduler or every worker dies (default: 0)")

@@ -44,11 +44,13 @@ STUCK = textwrap.dedent('''
     from dataclasses import replace
 
     MARKER = {marker!r}
+    AGAIN = {again!r}
     _ppo_build = build
 
 
     class Stuck(gym.Wrapper):
-        """Blocks forever in its 40th step, once (the marker file remembers)."""
+        """Blocks forever in its 40th step, once (the marker file remembers); with AGAIN, in
+        the AGAIN-th step of every env built after that."""
 
         def __init__(self, env):
             super().__init__(env)
@@ -56,7 +58,8 @@ STUCK = textwrap.dedent('''
 
         def step(self, action):
             self.steps += 1
-            if self.steps == 40 and not Path(MARKER).exists():
+            again = AGAIN is not None and self.steps == AGAIN and Path(MARKER).exists()
+            if again or (self.steps == 40 and not Path(MARKER).exists()):
                 Path(MARKER).touch()
                 while True:
                     time.sleep(1)  # a simulator that never returns
@@ -111,7 +114,7 @@ def test_a_worker_stopped_with_sigstop_is_restarted_and_the_run_recovers(tmp_pat
 def test_a_fragment_stuck_in_an_env_step_is_reported_with_its_stack(tmp_path: Path) -> None:
     graph = tmp_path / "stuck.py"
     graph.write_text((ROOT / "graphs" / "ppo.py").read_text()
-                     + STUCK.format(marker=str(tmp_path / "stuck-once")))
+                     + STUCK.format(marker=str(tmp_path / "stuck-once"), again=None))
     out, log = tmp_path / "run", tmp_path / "train.log"
     train = _train(tmp_path, str(graph), out,
                    ["--workers", "2", "--task-timeout", TIMEOUT, *PPO_SMALL])
@@ -130,10 +133,10 @@ def test_a_fragment_stuck_in_an_env_step_is_reported_with_its_stack(tmp_path: Pa
 
 
 def test_hangs_past_max_recoveries_stop_the_run_in_one_line(tmp_path: Path) -> None:
-    graph = tmp_path / "stuck.py"  # no marker that survives: it hangs every time
+    # iteration 1 finishes; then every attempt hangs before its first iteration does
+    graph = tmp_path / "stuck.py"
     graph.write_text((ROOT / "graphs" / "ppo.py").read_text()
-                     + STUCK.format(marker=str(tmp_path / "never")).replace(
-                         "Path(MARKER).touch()", "pass"))
+                     + STUCK.format(marker=str(tmp_path / "stuck"), again=20))
     out, log = tmp_path / "run", tmp_path / "train.log"
     train = _train(tmp_path, str(graph), out,
                    ["--workers", "2", "--task-timeout", "8", "--max-recoveries", "1",

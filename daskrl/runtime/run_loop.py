@@ -54,6 +54,11 @@ class WorkersLost(RuntimeError):
     """A worker that replicas are pinned to has left the cluster."""
 
 
+class ClusterLost(ValueError):
+    """No worker that can host the fragments came back in time (``--max-restarts`` starts
+    a new embedded cluster; otherwise the run stops with this one line)."""
+
+
 class WorkerHung(RuntimeError):
     """The watchdog found a task past its bound or a silent worker, and restarted it."""
 
@@ -230,7 +235,8 @@ class RunLoop:
         self.learner_in: Any = None  # what the next graph takes as its learner input
         self.linked = 0  # graphs chained on futures since the chain last restarted
         self.unchecked: Delayed | None = None  # the first graph, whose annotations must hold
-        self.recoveries = 0
+        self.recoveries = 0  # in all
+        self.in_a_row = 0  # since an iteration last finished
         self.lost: BaseException | None = None  # why the head of the window was lost
         self.watchdog = Watchdog(backend, settings.task_timeout)
         self.evals: deque[PendingEval] = deque()
@@ -299,6 +305,7 @@ class RunLoop:
             return Phase.RECOVERING
         self.inflight.popleft()
         self._record(head, output)
+        self.in_a_row = 0  # progress: --max-recoveries counts losses in a row
         return Phase.SUBMITTING
 
     def _result(self, handle: Handle) -> LearnerOutput:
@@ -394,13 +401,15 @@ class RunLoop:
         """Drop what is in flight, place again, resubmit from the last finished iteration."""
         lost_at = self.inflight[0].first
         self.recoveries += 1
-        if self.recoveries > self.settings.max_recoveries:
+        self.in_a_row += 1
+        why = " ".join(str(self.lost).split())  # Dask's cancellation reasons span lines
+        if self.in_a_row > self.settings.max_recoveries:
             raise RunStopped(
-                f"iteration {lost_at + 1} was lost {self.recoveries} times (last: {self.lost}); "
+                f"iteration {lost_at + 1} was lost {self.in_a_row} times (last: {why}); "
                 f"giving up after --max-recoveries {self.settings.max_recoveries} - "
                 f"{kept_checkpoint(self.settings.out, self.last_done)}; check the workers' logs"
             ) from self.lost
-        print(f"daskrl: iteration {lost_at + 1} lost ({self.lost}); placing the fragments "
+        print(f"daskrl: iteration {lost_at + 1} lost ({why}); placing the fragments "
               "again and resubmitting from the last finished iteration", file=sys.stderr)
         self.release(evaluations=False)  # they finish, or fail as lost and are skipped
         self.learner_in = None
@@ -425,7 +434,7 @@ class RunLoop:
             except ValueError as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ValueError(
+                    raise ClusterLost(
                         f"the cluster lost the workers this run needs: {exc}") from None
                 # A worker that joins is reported; the cap on the wait covers one that
                 # only becomes usable later (its resources, a distribution's conditions).

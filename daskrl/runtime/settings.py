@@ -35,7 +35,8 @@ class RunSettings:
     iterations in one task (``iterations_per_task``): short iterations are grouped so that
     Dask's per-task cost is paid once per group. 0 keeps one iteration per task."""
     max_recoveries: int = 3
-    """Lost workers (and hung tasks) survived before the run stops."""
+    """Lost workers (and hung tasks) survived in a row, with no iteration finished between,
+    before the run stops."""
     task_timeout: float | None = None
     """Seconds a fragment task may run (or its worker stay silent) before the watchdog
     reports it with its stack and restarts the worker; None: max(10 x the median of the

@@ -1,0 +1,54 @@
+"""``--max-restarts``: when the embedded cluster's scheduler goes away, the driver starts a new
+cluster by itself and resumes from the last checkpoint; the restart is counted in
+``summary.json``. Real processes: ``daskrl train`` with its embedded cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from distributed import Client
+from test_chaos import (
+    ITERATIONS,
+    PPO_SMALL,
+    _check_metrics,
+    _finished,
+    _stop,
+    _train,
+    _wait_rows,
+)
+
+pytestmark = pytest.mark.chaos
+
+
+def test_a_lost_scheduler_is_restarted_and_the_run_resumes(tmp_path: Path) -> None:
+    out, log = tmp_path / "run", tmp_path / "train.log"
+    train = _train(tmp_path, "graphs/ppo.py", out, ["--workers", "2", "--max-restarts", "1",
+                                                    "--checkpoint-every", "2", *PPO_SMALL])
+    try:
+        _wait_rows(train, out, log, 5)  # a checkpoint at 2 or 4
+        address = re.search(r"scheduler: (tcp://\S+)", log.read_text()).group(1)
+        with Client(address, timeout=30) as client:
+            client.shutdown()  # the scheduler and its workers go away
+        text = _finished(train, log, limit=240)
+    finally:
+        _stop([train])
+    _check_metrics(out)  # every iteration once, in order, despite the redone ones
+    assert "starting a new cluster and resuming from the last checkpoint (restart 1 of 1)" in (
+        text), text[-3000:]
+    assert len(re.findall(r"^scheduler: ", text, flags=re.M)) == 2, text[-3000:]
+    (restart,) = json.loads((out / "summary.json").read_text())["restarts"]
+    # the last finished iteration is checkpointed on the way out of the lost cluster
+    assert 2 <= restart["resumed_from_iteration"] < ITERATIONS
+    assert restart["iterations_redone"] >= 0 and restart["restart_s"] > 0
+    assert list(out.glob("metrics.csv.bak*")) or restart["iterations_redone"] == 0
+
+
+def test_max_restarts_is_refused_with_an_external_scheduler(tmp_path: Path) -> None:
+    from daskrl.cli import main
+
+    code = main(["train", "graphs/ppo.py", "--scheduler", "tcp://127.0.0.1:1", "--max-restarts",
+                 "1", "--out", str(tmp_path / "run")])
+    assert code == 2
