@@ -35,10 +35,11 @@ def daskrl_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A 4,096-step PPO run on CartPole, in this process's scheduler (no cluster to start)."""
+    """A 2,048-step PPO run on CartPole, in this process's scheduler (no cluster to start)."""
     cwd = tmp_path_factory.mktemp("trained")
-    result = daskrl_cli(["train", GRAPH, "--steps", "4096", "--scheduler", "sync", "--out",
-                         "run", "--no-progress", "--num-envs", "4"], cwd)
+    result = daskrl_cli(["train", GRAPH, "--steps", "2048", "--scheduler", "sync", "--out",
+                         "run", "--no-progress", "--num-envs", "4", "--checkpoint-every", "1"],
+                        cwd)
     assert result.returncode == 0, result.stderr
     return cwd / "run"
 
@@ -156,8 +157,10 @@ def test_eval_refuses_what_it_cannot_do_in_one_line(trained, tmp_path):
 
 def test_named_checkpoint_is_the_one_loaded(trained):
     newest = load_run(trained)
-    first = load_run(trained, newest.checkpoint.name)
-    assert first.checkpoint == newest.checkpoint and first.iteration == newest.iteration == 8
+    older = load_run(trained, "ckpt-00000002.pt")
+    assert newest.iteration == 4 and older.iteration == 2
+    assert older.checkpoint == trained / "checkpoints" / "ckpt-00000002.pt"
+    assert any(not torch.equal(older.weights[k], newest.weights[k]) for k in newest.weights)
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["config"]["num_envs"] == 4
     assert newest.algo.num_envs == 4  # the saved config rebuilt the run's algorithm
