@@ -19,7 +19,7 @@ from distributed import Client
 from daskrl.core.script import load_graph
 from daskrl.distributions import Unsupported, get_distribution
 from daskrl.distributions.base import IterationInputs
-from daskrl.observe.profile import report
+from daskrl.observe.profile import learner_waits, report
 from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.driver import place
 
@@ -109,10 +109,20 @@ def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
     rows = _rows(tmp_path / "metrics.csv")
     assert summary["iterations"] == 4 and len(rows) == 4
     assert all(r["policy_lags"] == "0:0 1:0" for r in rows)
-    # in turn, the learner waits for every rollout: profile says actor-bound, and by how much
-    assert all(0 < float(r["learner_busy"]) < 0.95 for r in rows)
-    text = report(tmp_path)
-    assert "actor-bound: add" in text and "(--num-actors " in text, text
+    # in turn, the learner waits for every rollout (how long depends on the machine)
+    assert all(0 < float(r["learner_busy"]) <= 1 for r in rows)
+    assert "learner busy: " in report(tmp_path)
+
+
+def test_profile_says_actor_bound_and_how_many_actors_to_add() -> None:
+    rows = [{"learner_busy": 0.5, "actors_for_busy": 5.0}, {"learner_busy": 0.7,
+                                                            "actors_for_busy": 7.0}]
+    text = learner_waits(rows, {"num_actors": 2})
+    assert text is not None and "waiting for batches 40.0%" in text
+    assert "actor-bound: add 4 actors (--num-actors 6)" in text
+    assert "actor-bound" not in (learner_waits([{"learner_busy": 0.97}], {"num_actors": 2})
+                                 or "")
+    assert learner_waits([{"episode_return_mean": 1.0}]) is None  # not a free-running run
 
 
 def test_ppo_with_vtrace_runs_under_impala(tmp_path: Path) -> None:
