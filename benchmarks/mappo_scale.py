@@ -132,14 +132,24 @@ def _medians(rows: list[tuple[float, float, float]], agents: int, steps: int
             "iteration_s_all": [r[2] for r in rows]}
 
 
+def _malloc_env() -> dict[str, str | None]:
+    """The glibc allocator settings a process was started with (what its workers got; a
+    process that sets them after it started runs with glibc's defaults)."""
+    import os
+
+    return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")}
+
+
 def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int = 3,
               update_epochs: int = 4, minibatch_agents: int = 32768,
-              malloc_trim: int | None = None) -> dict[str, Any]:
+              malloc_trim: int | None = None, allreduce: str = "dask") -> dict[str, Any]:
     """Time iterations of ``graphs/mappo.py`` through daskrl's driver on a local cluster.
 
     ``workers == 1``: the ``single`` distribution; otherwise ``data-parallel`` with one
     replica (``agents / workers`` agents) per worker. ``malloc_trim`` replaces the
-    ``MALLOC_TRIM_THRESHOLD_`` Dask's nanny gives workers (65536 by default).
+    ``MALLOC_TRIM_THRESHOLD_`` of Dask's nanny config; daskrl's own worker settings
+    (``daskrl.cluster.forkserver.WORKER_MALLOC``) are applied after it and win, so the
+    result records what the workers actually got (``worker_malloc``).
     """
     import csv
 
@@ -160,7 +170,7 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
                           num_minibatches=mb, device="cpu")
     algo = graph.build(config).with_resources({"learner": Resources(cpu=1)})
     name = "single" if workers == 1 else "data-parallel"
-    dist = get_distribution(name)
+    dist = get_distribution(name if workers == 1 else f"{name}:allreduce={allreduce}")
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     if malloc_trim is not None:
         environ["MALLOC_TRIM_THRESHOLD_"] = malloc_trim
@@ -168,6 +178,7 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
         cluster = local_cluster([{"CPU": 1}] * workers)
     try:
         with Client(cluster) as client, tempfile.TemporaryDirectory() as tmp:
+            worker_malloc = next(iter(client.run(_malloc_env).values()))
             settings = RunSettings(out=Path(tmp), steps=(iterations + 1) * algo.steps_per_iteration,
                                    eval=False, progress=False, tensorboard=False,
                                    checkpoint_every=10**6)
@@ -179,8 +190,9 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
     timed = [(float(r["rollout_s"]), float(r["update_s"]), float(r["iteration_s"]))
              for r in rows]
     out = _medians(timed, agents, max_cycles)
-    out.update(mode=name, workers=workers, envs=envs * workers, num_minibatches=mb, device="cpu",
-               update_epochs=update_epochs, malloc_trim_threshold=environ["MALLOC_TRIM_THRESHOLD_"],
+    out.update(mode=name if workers == 1 or allreduce == "dask" else f"{name}:{allreduce}",
+               workers=workers, envs=envs * workers, num_minibatches=mb, device="cpu",
+               update_epochs=update_epochs, worker_malloc=worker_malloc,
                overhead_s=statistics.median(float(r["overhead_s"]) for r in rows))
     return out
 
@@ -281,6 +293,85 @@ def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
             "threads": torch.get_num_threads(), "load": load_average()["load_1m"]}
 
 
+def update_cpu(envs: int, rounds: int = 5, update_epochs: int = 4,
+               minibatch_agents: int = 32768) -> dict[str, Any]:
+    """CPU seconds and minor page faults of this thread for one MAPPO rollout and one update
+    at ``envs`` simple-tag envs (medians over ``rounds``, after one untimed round).
+
+    Thread CPU time and page faults do not grow with other jobs' load the way wall time
+    does, so this compares the same work inline and inside a Dask worker task on a shared
+    machine (:func:`worker_vs_inline`).
+    """
+    import os
+    import threading
+
+    import torch
+
+    from marl.mappo import (
+        EnvSpec,
+        MAPPOActor,
+        MAPPOHyper,
+        MAPPOLearner,
+        ModelSpec,
+        RolloutSpec,
+        layout_of,
+    )
+
+    torch.set_num_threads(1)
+    spec, model = EnvSpec("simple_tag"), ModelSpec()
+    mb = minibatches(25 * envs, AGENTS_PER_ENV, minibatch_agents)
+    learner = MAPPOLearner(layout_of(spec), model,
+                           MAPPOHyper(update_epochs=update_epochs, num_minibatches=mb), 0)
+    actor = MAPPOActor(spec, model, RolloutSpec(), envs, 1, "cpu")
+    actor.set_weights(learner.weights(), 0)
+    batch = actor.rollout(25)
+    learner.update([batch], 0.0)
+    upd, roll, faults = [], [], []
+    for _ in range(rounds):
+        r0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time()
+        learner.update([batch], 0.0)
+        r1, t1 = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time()
+        batch = actor.rollout(25)
+        upd.append(t1 - t0)
+        roll.append(time.thread_time() - t1)
+        faults.append(r1.ru_minflt - r0.ru_minflt)
+    return {"update_cpu_s": statistics.median(upd), "rollout_cpu_s": statistics.median(roll),
+            "update_minor_faults": statistics.median(faults), "minibatches": mb,
+            "main_thread": threading.current_thread() is threading.main_thread(),
+            "malloc": {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_",
+                                                      "MALLOC_MMAP_THRESHOLD_")}}
+
+
+def worker_vs_inline(agents: int, rounds: int = 5, repeats: int = 2) -> dict[str, Any]:
+    """:func:`update_cpu` in this process's main thread and in a task on a one-worker
+    daskrl cluster (its worker settings: allocator, one thread), interleaved ``repeats``
+    times; medians."""
+    from distributed import Client
+
+    from daskrl.cluster.local import local_cluster
+
+    envs = agents // AGENTS_PER_ENV
+    cluster = local_cluster([{"CPU": 1}])
+    runs: dict[str, list[dict[str, Any]]] = {"inline": [], "worker": []}
+    load0 = load_average()["load_1m"]
+    try:
+        with Client(cluster) as client:
+            client.run(sys.path.insert, 0, str(HERE.parent))  # marl, for the task
+            for _ in range(repeats):
+                runs["inline"].append(update_cpu(envs, rounds))
+                runs["worker"].append(client.submit(update_cpu, envs, rounds,
+                                                    pure=False).result())
+    finally:
+        cluster.close()
+    out: dict[str, Any] = {"mode": "cpu-ab", "agents": agents, "load_before": load0,
+                           "load_after": load_average()["load_1m"], "runs": runs}
+    for where, rows in runs.items():
+        for key in ("update_cpu_s", "rollout_cpu_s", "update_minor_faults"):
+            out[f"{where}_{key}"] = statistics.median(r[key] for r in rows)
+    out["worker_over_inline_update"] = out["worker_update_cpu_s"] / out["inline_update_cpu_s"]
+    return out
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """The markdown table of the results."""
     headers = ["agents", "mode", "workers", "device", "envs", "minibatches", "rollout s",
@@ -310,10 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--update-epochs", type=int, default=4, help="passes over each batch")
     p.add_argument("--minibatch-agents", type=int, default=32768,
                    help="agent samples per minibatch (about)")
+    p.add_argument("--allreduce", choices=["dask", "torch"], default="dask",
+                   help="data-parallel's gradient averaging: Dask tasks per minibatch, or "
+                        "torch.distributed (gloo) between the replicas")
     p.add_argument("--malloc-trim", type=int, default=None,
-                   help="MALLOC_TRIM_THRESHOLD_ of the Dask workers (default: Dask's, 65536)")
+                   help="MALLOC_TRIM_THRESHOLD_ in Dask's nanny config (daskrl's worker "
+                        "settings win; kept for comparison runs)")
     p.add_argument("--flops", action="store_true", help="only the update's FLOP rate on one "
                    "minibatch of --minibatch-agents against torch.matmul on its layer shapes")
+    p.add_argument("--cpu-ab", action="store_true", help="only the update's and rollout's "
+                   "CPU seconds and page faults inline vs in a Dask worker, at each --agents")
     p.add_argument("--repeat-flops", type=int, default=3,
                    help="--flops: rounds over the variants (medians over them)")
     p.add_argument("--quick", action="store_true", help="1000 agents, 1 timed iteration; "
@@ -339,6 +436,15 @@ def main(argv: list[str] | None = None) -> int:
                                    "settings": vars(args) | {"json": str(args.json)},
                                    "results": rows})
         return 0
+    if args.cpu_ab:
+        ab = [worker_vs_inline(a, max(3, args.iterations)) for a in args.agents]
+        for row in ab:
+            print({k: v for k, v in row.items() if k != "runs"}, flush=True)
+        if args.json is not None:
+            write_json(args.json, {"benchmark": "mappo_cpu_ab", "machine": machine_info(),
+                                   "settings": vars(args) | {"json": str(args.json)},
+                                   "results": ab})
+        return 0
     bad = [a for a in args.agents if a % AGENTS_PER_ENV]
     if bad:
         p.error(f"--agents {bad} must be multiples of {AGENTS_PER_ENV}")
@@ -358,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agents={agents} mode={mode} workers={workers} ...", flush=True)
             try:
                 res = (time_inline(agents, args.device, **kw) if mode == "inline"
-                       else time_dask(agents, workers, **kw, malloc_trim=args.malloc_trim))
+                       else time_dask(agents, workers, **kw, malloc_trim=args.malloc_trim,
+                                      allreduce=args.allreduce))
             except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
                 res = {"agents": agents, "mode": mode, "workers": workers,
                        "device": args.device if mode == "inline" else "cpu",
