@@ -284,3 +284,71 @@ def test_resume_on_a_new_worker_set_rebuilds_state_from_the_checkpoint(
     assert final["iteration"] == 4
     for name, value in saved["learner"]["model"].items():
         assert torch.equal(final["learner"]["model"][name], value), name
+
+
+# ------------------------------------------------- threads: each task runs with its CPU grant
+
+
+def _grant_reporter():
+    """A function (sent by value: workers cannot import this file) that returns torch's
+    threads and every BLAS pool's, as a task sees them."""
+
+    def report() -> tuple[int, list[int]]:
+        import numpy  # noqa: F401 - its BLAS pool is loaded
+        import torch
+        from threadpoolctl import threadpool_info
+
+        return torch.get_num_threads(), sorted({p["num_threads"] for p in threadpool_info()
+                                                if p["user_api"] == "blas"})
+
+    return report
+
+
+def _grant_task(cpu: float):
+    from daskrl import Resources, task
+
+    return task(_grant_reporter(), role="rollout", replica=0, iteration=0, run=uuid.uuid4().hex[:8],
+                resources=Resources(cpu=cpu))
+
+
+@pytest.mark.parametrize("cpu", [1, 2])
+def test_a_task_in_sync_mode_runs_torch_and_blas_with_its_cpu_grant(cpu):
+    from daskrl.runtime.backend import SyncBackend
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3 - cpu)  # the other count: the task must change it
+        threads, blas = SyncBackend().submit(_grant_task(cpu)).result()
+    finally:
+        torch.set_num_threads(before)
+    assert threads == cpu and blas and max(blas) <= cpu
+
+
+def test_a_task_on_a_worker_without_a_nanny_runs_with_its_cpu_grant(tmp_path):
+    """``dask worker --no-nanny`` does not set OMP_NUM_THREADS: torch would use every core."""
+    import os
+    import subprocess
+    import sys
+
+    from distributed import LocalCluster
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    with LocalCluster(n_workers=0, dashboard_address=None, host="127.0.0.1") as cluster, \
+            Client(cluster) as client, (tmp_path / "worker.log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                                 cluster.scheduler_address, "--no-nanny", "--nthreads", "2",
+                                 "--resources", "CPU=2", "--name", "lone", "--no-dashboard"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            client.wait_for_workers(1, timeout=90)
+            cores = os.cpu_count() or 1
+            untouched = client.submit(_grant_reporter(), pure=False).result(timeout=60)
+            assert untouched[0] == cores  # what every task would run with otherwise
+            for cpu in (1, 2, 1):
+                threads, blas = client.compute(_grant_task(cpu)).result(timeout=60)
+                # OpenBLAS may keep fewer threads than a task thread asks for, never more
+                assert threads == cpu and blas and max(blas) <= cpu
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

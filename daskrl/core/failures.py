@@ -22,6 +22,8 @@ import cloudpickle
 import numpy as np
 from distributed import Reschedule
 
+from daskrl.core.worker_state import limit_threads
+
 _ATTR = "daskrl_failure"
 
 
@@ -40,11 +42,13 @@ class Call:
     'learner-0-it0-r'
     """
 
-    def __init__(self, fn: Callable[..., Any], key: str) -> None:
-        self.fn, self.key = fn, key
+    def __init__(self, fn: Callable[..., Any], key: str, threads: int = 0) -> None:
+        self.fn, self.key, self.threads = fn, key, threads
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.threads:  # the task's CPU grant (0: a call inside a task keeps its task's)
+            limit_threads(self.threads)
         if args and getattr(args[0], "deterministic", False) is True:
             deterministic_torch()
         try:

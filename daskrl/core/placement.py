@@ -42,7 +42,9 @@ def task(
     where its state lives and is not stolen away from it. The pin is strict: a loose one
     would also relax the resource restriction. When a pinned worker leaves, the driver
     plans placement again and resubmits. Earlier iterations take precedence: of two tasks
-    ready on a worker at once, the one of the earlier iteration runs first.
+    ready on a worker at once, the one of the earlier iteration runs first. The task runs
+    torch and BLAS with as many threads as its CPU grant (:attr:`Resources.threads`), on any
+    worker and in ``--scheduler sync``.
 
     Examples
     --------
@@ -56,7 +58,7 @@ def task(
         annotations.update(workers=[worker])
     key = task_key(role, replica, iteration, run)
     with dask.annotate(**annotations):
-        return delayed(Call(fn, key), pure=False)(*args, dask_key_name=key)
+        return delayed(Call(fn, key, resources.threads), pure=False)(*args, dask_key_name=key)
 
 
 @dataclass(frozen=True)

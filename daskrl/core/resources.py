@@ -75,6 +75,18 @@ class Resources:
         out.update({k: v for k, v in self.custom.items() if v})
         return out
 
+    @property
+    def threads(self) -> int:
+        """The torch and BLAS threads a task with these resources runs with: its CPU grant
+        (whole CPUs, at least one).
+
+        Examples
+        --------
+        >>> Resources(cpu=4).threads, Resources(gpu=1).threads, Resources(cpu=0.5).threads
+        (4, 1, 1)
+        """
+        return max(1, int(self.cpu))
+
     def satisfied_by(self, offered: Mapping[str, float]) -> bool:
         """Whether a worker advertising ``offered`` can run this fragment."""
         return all(offered.get(k, 0) >= v for k, v in self.to_dask().items())

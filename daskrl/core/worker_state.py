@@ -110,6 +110,43 @@ def _state(worker: Worker | None = None) -> ResidentState:
     return plugin
 
 
+_pools: list[Any] = []  # this process's threadpoolctl controller, made on first use
+
+
+def limit_threads(threads: int) -> None:
+    """Run torch's intra-op pool and the BLAS/OpenMP pools of this process
+    (``threadpoolctl``) with at most ``threads`` threads.
+
+    A task calls it with its CPU grant (:attr:`~daskrl.core.resources.Resources.threads`)
+    before its fragment runs. torch and numpy size their pools to every core of the machine
+    when they load, unless ``OMP_NUM_THREADS`` says otherwise; Dask's nanny and daskrl's
+    fork server set it to 1 for the workers they start, but ``dask worker --no-nanny``,
+    thread workers and ``--scheduler sync`` run in processes that did not, where every task
+    would use every core, oversubscribing the cores the other tasks run on. The libraries
+    are looked up once per process (a ``ThreadpoolController``), so a task pays microseconds.
+    OpenBLAS may keep fewer threads than asked when a task thread raises the count another
+    thread lowered: never more.
+
+    Examples
+    --------
+    >>> import torch
+    >>> before = torch.get_num_threads()
+    >>> limit_threads(1)
+    >>> torch.get_num_threads()
+    1
+    >>> limit_threads(before)
+    """
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if not _pools:
+        from threadpoolctl import ThreadpoolController
+
+        _pools.append(ThreadpoolController())
+    _pools[0].limit(limits=threads, user_api="blas")
+
+
 def worker_name() -> str:
     """Name of the Dask worker running the caller, or ``"local"`` outside a worker.
 

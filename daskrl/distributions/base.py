@@ -211,7 +211,7 @@ def pinned(fn: Callable[..., Any], *args: Any, key: str, resources: Resources,
     if worker is not None:
         annotations.update(workers=[worker], allow_other_workers=not strict)
     with dask.annotate(**annotations):
-        return delayed(Call(fn, key), pure=False)(*args, dask_key_name=key)
+        return delayed(Call(fn, key, resources.threads), pure=False)(*args, dask_key_name=key)
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
