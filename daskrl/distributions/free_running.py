@@ -247,9 +247,10 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
         pipe = pipes[ctx.run] = Pipeline(where={a: w for a, (w, _) in enumerate(actors)})
     me = get_worker()
     homes = {a: w for a, (w, _) in enumerate(actors)}
-    if pipe.publisher is None:
+    if pipe.publisher is None:  # the run's first learner task here: publish before acting
         pipe.publisher = Publisher(client, ctx.run, me.address)
-    publisher = pipe.publisher
+        pipe.publisher.publish_now(updates, learner.weights())
+    publisher = pipe.publisher  # later tasks: the last update was offered already
 
     def submit(a: int, j: int) -> Future:
         worker = pipe.where.get(a)
@@ -288,7 +289,6 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
                 moved = True
         return moved
 
-    publisher.publish_now(updates, learner.weights())
     for a in range(len(actors)):
         while pipe.in_flight(a) < in_flight:
             submit(a, 0)
