@@ -37,6 +37,10 @@ def _early_cluster(argv: Sequence[str]) -> Any:
     flags = {a.split("=", 1)[0] for a in argv if a.startswith("-")}
     if flags & {"-h", "--help", "--scheduler", "--cluster", "--cluster-config"}:
         return None
+    outs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"]
+    outs += [a.split("=", 1)[1] for a in argv if a.startswith("--out=")]
+    if any(p.exists() and not p.is_dir() for o in outs for p in (Path(o), *Path(o).parents)):
+        return None  # refused in one line before any cluster (check_settings)
     from daskrl.cluster.forkserver import worker_forkserver
 
     worker_forkserver()  # first: it imports what workers need while this process goes on

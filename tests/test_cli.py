@@ -252,6 +252,8 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
     assert _early_cluster(["train", graph, "--cluster=local"]) is None
     assert _early_cluster(["train", graph, "-h"]) is None
     assert _early_cluster(["graph", graph]) is None
+    assert _early_cluster(["train", graph, "--out", graph]) is None  # a file: refused first
+    assert _early_cluster(["train", graph, f"--out={graph}/run"]) is None
 
     start = _early_cluster(["train", "--steps", "10", graph, "--num-envs", "2"])  # graph 3rd
     assert isinstance(start, ClusterStart)
