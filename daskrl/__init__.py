@@ -21,16 +21,17 @@ _WHERE = {
     "Placement": "core.placement", "plan_placement": "core.placement", "task": "core.placement",
     "task_key": "core.placement", "Resources": "core.resources",
     "parse_resources": "core.resources", "resident": "core.worker_state",
-    "Sizes": "core.sizes", "load_policy": "trained.load",
+    "Sizes": "core.sizes", "load_policy": "trained.load", "train": "api", "Run": "api",
 }
 
 __all__ = [
     "Actor", "Algorithm", "Fragment", "Learner", "LearnerOutput", "Placement", "Resources",
-    "Sizes", "load_policy", "parse_resources", "plan_placement", "resident", "setting", "task",
-    "task_key",
+    "Run", "Sizes", "load_policy", "parse_resources", "plan_placement", "resident", "setting",
+    "task", "task_key", "train",
 ]
 
 if TYPE_CHECKING:
+    from daskrl.api import Run, train
     from daskrl.core.algorithm import Actor, Algorithm, Learner, LearnerOutput
     from daskrl.core.fragment import Fragment, setting
     from daskrl.core.placement import Placement, plan_placement, task, task_key

@@ -1,22 +1,21 @@
-"""Train PPO on CartPole on an embedded local cluster, from Python instead of the CLI.
+"""Train PPO on CartPole from Python on a cluster made the way any Dask user makes one.
 
-Run: ``python examples/local_run.py`` (about a minute on two cores).
+Run: ``python examples/local_run.py`` (about a minute on two cores). ``daskrl.train`` takes
+any ``Client``: a ``LocalCluster``, an ``SSHCluster``, dask-jobqueue, ``dask worker``
+processes; without one it starts an embedded cluster.
 """
 
 from pathlib import Path
 
-from distributed import Client
+from distributed import Client, LocalCluster
 
-from daskrl.cluster.local import default_worker_resources, local_cluster
-from daskrl.core.script import load_graph
-from daskrl.distributions import get_distribution
-from daskrl.runtime.driver import RunSettings, train
+import daskrl
+
+GRAPH = Path(__file__).parents[1] / "graphs" / "ppo.py"
 
 if __name__ == "__main__":
-    ppo = load_graph(str(Path(__file__).parents[1] / "graphs" / "ppo.py"))
-    algo = ppo.build(ppo.Config(num_envs=8, num_steps=128))
-    with local_cluster(default_worker_resources(2)) as cluster, Client(cluster) as client:
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         print("dashboard:", client.dashboard_link)
-        summary = train(client, algo, get_distribution("actors-learner"),
-                        RunSettings(out=Path("runs/example-local"), steps=200_000))
-    print({k: summary[k] for k in ("env_steps", "env_steps_per_s", "eval_return_mean")})
+        run = daskrl.train(GRAPH, client=client, steps=200_000, out="runs/example-local",
+                           num_envs=8, num_steps=128)
+    print({k: run.summary[k] for k in ("env_steps", "env_steps_per_s", "eval_return_mean")})

@@ -1,0 +1,263 @@
+"""Training from Python: :func:`train` a graph script or an algorithm on any Dask cluster.
+
+``daskrl.train("graphs/ppo.py", client=client, steps=100_000, num_envs=8)`` runs the same
+loop as ``daskrl train`` (placement, memory check, checkpoints, ``metrics.csv``,
+``summary.json``), on the user's ``Client`` or on an embedded cluster, and returns a
+:class:`Run`. With ``wait=False`` it returns at once: the run trains in a background
+thread while a notebook goes on, and :meth:`Run.stop` ends it with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import threading
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from distributed import Client
+
+from daskrl.cluster.local import configure_dask, default_worker_resources, local_cluster
+from daskrl.core.algorithm import Algorithm
+from daskrl.core.script import load_graph
+from daskrl.distributions import Distribution, get_distribution
+from daskrl.runtime.backend import DaskBackend, Handle
+from daskrl.runtime.driver import RunSettings, check_distribution, check_settings
+from daskrl.runtime.driver import train as train_run
+
+
+class StopRequested(Exception):
+    """Raised inside a run that :meth:`Run.stop` ends (after its checkpoint is written)."""
+
+
+class _StoppableBackend(DaskBackend):
+    """The Dask backend, which ends the run when asked: the driver waits on :meth:`done`
+    at least once a second, and on an exception checkpoints the last finished iteration."""
+
+    def __init__(self, client: Client, stop: threading.Event) -> None:
+        super().__init__(client)
+        self.stop = stop
+
+    def done(self, handle: Handle, timeout: float) -> bool:
+        """As the Dask backend's, unless a stop was asked for."""
+        if self.stop.is_set():
+            raise StopRequested("stopped from Python (Run.stop)")
+        return super().done(handle, timeout)
+
+
+class Run:
+    """One training run: its folder, its state, and what it produced.
+
+    ``status`` is ``"running"``, ``"finished"``, ``"stopped"`` or ``"failed"``. A finished
+    or stopped run's policy and metrics are read from its folder (``out``).
+    """
+
+    def __init__(self, out: Path, steps: int, client: Client,
+                 owned: tuple[Any, ...] = ()) -> None:
+        self.out = out
+        self.steps = steps
+        self.client = client
+        self.error: BaseException | None = None
+        self._owned = owned  # an embedded cluster and its client: closed when the run ends
+        self._summary: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _start(self, work: Callable[[Any], dict[str, Any]], wait: bool) -> Run:
+        backend = _StoppableBackend(self.client, self._stop)
+        self._thread = threading.Thread(target=self._train, args=(work, backend),
+                                        name="daskrl-train", daemon=True)
+        self._thread.start()
+        return self.result() if wait else self
+
+    def _train(self, work: Callable[[Any], dict[str, Any]], backend: Any) -> None:
+        try:
+            self._summary = work(backend)
+        except BaseException as exc:  # noqa: BLE001 - kept for result()
+            self.error = exc
+        finally:
+            for thing in self._owned:
+                thing.close()
+
+    @property
+    def status(self) -> str:
+        """``running``, ``finished``, ``stopped`` or ``failed``."""
+        if self._thread is not None and self._thread.is_alive():
+            return "running"
+        if isinstance(self.error, StopRequested):
+            return "stopped"
+        return "failed" if self.error is not None else "finished"
+
+    @property
+    def progress(self) -> float:
+        """The share of ``steps`` trained so far (from ``metrics.csv``), 0 to 1."""
+        rows = _read_rows(self.out / "metrics.csv")
+        done = int(float(rows[-1].get("env_steps") or 0)) if rows else 0
+        return min(1.0, done / self.steps)
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` holds: steps, speed, final return, placement, evaluation.
+
+        Raises ``RuntimeError`` while the run trains or when it did not finish.
+        """
+        if self._summary is None:
+            raise RuntimeError(f"run {self.out} is {self.status}: it has no summary (call "
+                               ".result() to wait for it)")
+        return self._summary
+
+    @property
+    def metrics(self) -> Any:
+        """``metrics.csv`` as a pandas ``DataFrame`` (one row per iteration), so far."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("Run.metrics needs pandas: pip install pandas (or read "
+                              f"{self.out / 'metrics.csv'} with the csv module)") from None
+        return pandas.read_csv(self.out / "metrics.csv")
+
+    @property
+    def dashboard_link(self) -> str:
+        """The Dask dashboard of the cluster the run trains on."""
+        return self.client.dashboard_link
+
+    def policy(self, deterministic: bool = True, best: bool = False) -> Any:
+        """The trained policy, ``obs -> action`` (see :func:`daskrl.load_policy`)."""
+        from daskrl.trained.load import load_policy
+
+        return load_policy(self.out, deterministic=deterministic, best=best)
+
+    def stop(self, timeout: float | None = None) -> Run:
+        """End the run with a checkpoint of its last finished iteration; it can go on later
+        with ``daskrl train ... --out OUT --resume``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self
+
+    def result(self, timeout: float | None = None) -> Run:
+        """Wait for the run to end (a ``TimeoutError`` after ``timeout`` seconds); raise its
+        error if it failed; the run."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"run {self.out} still trains after {timeout} s")
+        if self.error is not None and not isinstance(self.error, StopRequested):
+            raise self.error
+        return self
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.out)!r}, status={self.status!r}, progress={self.progress:.0%})"
+
+
+def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
+          client: Client | None = None, distribution: str | Distribution | None = None,
+          steps: int = 500_000, out: str | os.PathLike | None = None, wait: bool = True,
+          seed: int = 1, progress: bool = True, **config: Any) -> Run:
+    """Train a graph script (its path or module) or an :class:`~daskrl.Algorithm`.
+
+    Parameters
+    ----------
+    graph_or_algorithm : path, module or Algorithm
+        A graph script such as ``"graphs/ppo.py"`` (or the module it loads as), built from
+        its ``Config`` with ``config``; or an algorithm built already.
+    client : distributed.Client, optional
+        The cluster to train on: any Dask cluster (``LocalCluster``, ``SSHCluster``,
+        dask-jobqueue, ``dask worker`` processes). None: an embedded local cluster with
+        one worker process per replica (at most one per core), closed when the run ends.
+    distribution : str or Distribution, optional
+        How fragments are placed (``"actors-learner"``, ``"single"``...); None: the
+        graph's own.
+    steps : int
+        Env steps to train for.
+    out : path, optional
+        The run's folder (default ``runs/<name>-<time>``).
+    wait : bool
+        Return when the run ends (True) or at once, with the run training in a thread.
+    seed : int
+        The run's seed.
+    progress : bool
+        Show a progress bar (``tqdm.auto``: a widget in a notebook).
+    **config
+        The graph's ``Config`` fields, e.g. ``num_envs=8``.
+
+    A run of an algorithm (not a graph script) records its name, not a script, so
+    :meth:`Run.policy` cannot rebuild it: train graph scripts to load their policies.
+
+    Returns
+    -------
+    Run
+        Its ``summary``, ``metrics``, ``policy()``, ``dashboard_link``; with ``wait=False``
+        also ``status``, ``progress``, ``stop()`` and ``result()``.
+
+    Raises
+    ------
+    ValueError
+        One line naming a bad setting, before anything trains.
+
+    Examples
+    --------
+    >>> run = train("graphs/ppo.py", steps=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: --steps must be >= 1, got 0
+    >>> from distributed import Client, LocalCluster  # doctest: +SKIP
+    >>> client = Client(LocalCluster(n_workers=2, processes=False))  # doctest: +SKIP
+    >>> run = train("graphs/ppo.py", client=client, steps=20_000, num_envs=4)  # doctest: +SKIP
+    >>> run.summary["eval_return_mean"], run.metrics["episode_return_mean"].iloc[-1]
+    ... # doctest: +SKIP
+    """
+    algo, graph, settings_meta = _algorithm(graph_or_algorithm, config)
+    chosen = get_distribution(distribution or algo.distribution) if not isinstance(
+        distribution, Distribution) else distribution
+    name = Path(graph).stem if graph else algo.name
+    folder = Path(out) if out is not None else Path("runs") / (
+        f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    settings = RunSettings(out=folder, steps=steps, seed=seed, progress=progress,
+                           meta={"graph": graph or algo.name, "config": settings_meta})
+    check_settings(settings)
+    check_distribution(chosen, algo)
+    configure_dask()  # in this process: no fused-away annotations, no task waiting forever
+    owned: tuple[Any, ...] = ()
+    if client is None:
+        workers = max(1, min(os.cpu_count() or 1, chosen.workers_wanted(algo)))
+        cluster = local_cluster(default_worker_resources(workers))
+        client = Client(cluster)
+        owned = (client, cluster)
+    run = Run(folder, steps, client, owned)
+    return run._start(lambda backend: train_run(backend, algo, chosen, settings), wait)
+
+
+def _algorithm(what: Any, config: dict[str, Any]) -> tuple[Algorithm, str | None, dict]:
+    """The algorithm to train, the graph script it came from, and its config as a dict."""
+    if isinstance(what, Algorithm):
+        if config:
+            raise ValueError(f"settings {sorted(config)} apply to a graph script's Config; "
+                             "an Algorithm is built already: pass the graph script instead")
+        return what, None, {}
+    if isinstance(what, (str, os.PathLike)):
+        module, graph = load_graph(str(what)), str(Path(what).resolve())
+    elif isinstance(what, types.ModuleType):
+        module, graph = what, what.__dict__.get("__file__") or what.__name__
+    else:
+        raise TypeError(f"train() takes a graph script's path, its module or an Algorithm, "
+                        f"got {type(what).__name__}")
+    fields = {f.name for f in dataclasses.fields(module.Config) if f.init}
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise ValueError(f"{graph}: no setting(s) {unknown} in its Config; it has "
+                         f"{sorted(fields)}")
+    cfg = module.Config(**config)
+    return module.build(cfg), graph, dataclasses.asdict(cfg)
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []

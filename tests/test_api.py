@@ -1,0 +1,66 @@
+"""``daskrl.train`` from a plain Python session against a user's ``Client``: a run that
+waits, a run in the background stopped with a checkpoint, and bad settings refused."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import daskrl
+
+GRAPH = str(Path(__file__).resolve().parent.parent / "graphs" / "ppo.py")
+TINY = {"num_actors": 2, "num_envs": 4, "num_steps": 32, "update_epochs": 2,
+        "num_minibatches": 2, "eval_episodes": 2}
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def users_client() -> Iterator[Client]:
+    """What a notebook user starts: two thread workers in this process, nothing declared."""
+    with LocalCluster(n_workers=2, processes=False, threads_per_worker=1,
+                      dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        yield client
+
+
+def test_train_waits_and_returns_a_run_with_summary_metrics_and_policy(users_client, tmp_path):
+    pandas = pytest.importorskip("pandas")
+    run = daskrl.train(GRAPH, client=users_client, steps=512, out=tmp_path / "run",
+                       progress=False, **TINY)
+    assert run.status == "finished" and run.progress == 1.0
+    assert run.summary["iterations"] == 2 and run.summary["eval_return_mean"] > 0
+    metrics = run.metrics
+    assert isinstance(metrics, pandas.DataFrame) and len(metrics) == 2
+    assert metrics["env_steps"].iloc[-1] == run.summary["env_steps"] >= 512
+    assert run.dashboard_link == users_client.dashboard_link
+    act = run.policy()
+    assert np.asarray(act(np.zeros((3, 4), dtype=np.float32))).shape == (3,)
+    assert users_client.status == "running"  # the user's client is left as it was
+
+
+def test_a_run_in_the_background_stops_with_a_checkpoint(users_client, tmp_path):
+    run = daskrl.train(GRAPH, client=users_client, steps=10**7, out=tmp_path / "run",
+                       wait=False, progress=False, **TINY)
+    assert run.status == "running"
+    deadline = time.monotonic() + 120
+    while run.progress == 0 and run.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)  # the notebook goes on meanwhile
+    assert 0 < run.progress < 1, run.error
+    run.stop()
+    assert run.status == "stopped" and run.result() is run
+    assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
+    with pytest.raises(RuntimeError, match="is stopped: it has no summary"):
+        _ = run.summary
+
+
+def test_bad_settings_are_refused_before_anything_trains(users_client, tmp_path):
+    with pytest.raises(ValueError, match=r"ppo.py: no setting\(s\) \['num_env'\] in its Config"):
+        daskrl.train(GRAPH, client=users_client, out=tmp_path / "a", num_env=4)
+    with pytest.raises(ValueError, match="unknown distribution|distribution"):
+        daskrl.train(GRAPH, client=users_client, out=tmp_path / "b", distribution="nope")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
