@@ -54,7 +54,11 @@ class TrainedRun:
 
     def policy(self, deterministic: bool = True) -> Policy:
         """The policy as a plain callable on numpy observations (see :class:`Policy`)."""
-        return Policy(self.module(deterministic), obs_shape(self.algo.env_id))
+        spec = obs_spec(self.algo.env_id)
+        if spec is None:
+            return Policy(self.module(deterministic), None)
+        dtype = torch.from_numpy(np.zeros(0, spec[1])).dtype  # the env's (uint8 frames stay)
+        return Policy(self.module(deterministic), spec[0], dtype)
 
 
 class Policy:
