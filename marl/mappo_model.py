@@ -384,7 +384,10 @@ class _SigmoidTanh(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor) -> Tensor:  # noqa: D102
-        y = torch.mul(x, 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        if x.device.type == "cpu":
+            y = torch.mul(x, 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        else:  # GPU tanh kernels are fast: one kernel instead of four
+            y = torch.tanh(x)
         ctx.save_for_backward(y)
         return y
 
@@ -399,8 +402,8 @@ class SigmoidTanh(nn.Module):
 
     torch's CPU ``tanh`` kernel costs 3-9x its ``sigmoid`` on the same tensor (measured in
     ``benchmarks/mappo_scale.md``), and the hidden layers' activations were about a fifth
-    of a MAPPO update's time; the backward is tanh's own. The training model uses it;
-    :class:`MAPPOPolicy` (exported, scripted) keeps ``nn.Tanh``.
+    of a MAPPO update's time; the backward is tanh's own. On other devices it is ``tanh``.
+    The training model uses it; :class:`MAPPOPolicy` (exported, scripted) keeps ``nn.Tanh``.
 
     Examples
     --------
