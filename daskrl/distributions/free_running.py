@@ -25,6 +25,10 @@ ActorSpec = tuple[str | None, dict[str, float]]
 
 POLL_S = 0.002
 """How often a learner waiting for a batch looks whether one landed."""
+ROLLOUT_PRIORITY = -(10**9)
+"""Rollouts yield a worker's next free thread to the learner's next task (whose priority is
+minus its iteration): on a worker shared with an actor, that task waits for at most the
+rollout running there."""
 MEMBERSHIP_S = 0.5
 """How often the learner asks the scheduler whether an actor's worker left or came back."""
 
@@ -171,7 +175,9 @@ class _Iteration:
     def finish(self, updates: int, num_actors: int) -> dict[str, Any]:
         end = time.time()
         wall = max(end - self.begin, 1e-9)
-        busy = max(0.0, wall - self.wait_s)
+        # busy: updating and handing the weights over; the rest of the wall time the learner
+        # waited for a batch, or for its next task to start (a worker thread, the driver)
+        busy = min(wall, self.update_s + self.publish_s)
         out = dict(self.metrics)
         out.update(merge_stats(self.stats))
         rollout_s = float(np.mean([s["t_end"] - s["t_start"] for s in self.stats]))
@@ -179,7 +185,8 @@ class _Iteration:
         out.update(
             policy_lag=float(np.mean(self.lag_values)), policy_lag_max=int(max(self.lag_values)),
             policy_lags=" ".join(self.lags), batches_dropped=self.dropped, weights_version=updates,
-            learner_busy=busy / wall, learner_wait_s=self.wait_s, learner_worker=worker_name(),
+            learner_busy=busy / wall, learner_wait_s=self.wait_s,
+            learner_idle_s=max(0.0, wall - busy - self.wait_s), learner_worker=worker_name(),
             learner_update_s=self.update_s, learner_publish_s=self.publish_s,
             # each actor, on a core of its own, lands a batch per rollout: this many keep an
             # update's worth of batches coming
@@ -216,8 +223,10 @@ def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                 current = LearnerOutput(updates, {}, learner.weights())
                 t0 = time.time()  # the learner waits while the actor steps, in this thread
                 batch = free_rollout(actor_ctx(a, j), algo, current)
-                it.wait_s += time.time() - t0
+                t1 = time.time()
+                it.wait_s += t1 - t0
                 it.metrics = learner.update([batch], progress(j, a))
+                it.update_s += time.time() - t1
                 updates += 1
                 it.stats.append(batch["stats"])
                 it.lags.append(f"{a}:0")
@@ -258,6 +267,7 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
         pipe.rounds[a] = r + 1
         fut = client.submit(free_rollout, actor_ctx(a, j), algo, pure=False,
                             resources=actors[a][1], workers=[worker] if worker else None,
+                            priority=ROLLOUT_PRIORITY,
                             key=step_key("rollout", a, ctx.iteration + j, r, ctx.run))
         pipe.pending[fut.key] = (a, fut)
         return fut

@@ -28,9 +28,11 @@ arrival order, ``<actor>:<lag>``, the lag being the learner's weights version mi
 version that acted, in updates), ``policy_lag`` (mean) and ``policy_lag_max``. With
 ``max_lag`` set, a batch more than that many updates old is dropped (``batches_dropped``)
 and its actor rolls out again. ``learner_busy`` is the share of an iteration's wall time
-(from the previous iteration's end) the learner spent outside waiting for a batch;
-``learner_wait_s`` the rest. ``actors_for_busy`` estimates the actors that would keep the
-learner busy (:mod:`daskrl.observe.profile` suggests adding them).
+(from the previous iteration's end) the learner spent updating (and handing the weights to
+its publisher); ``learner_wait_s`` is the time it waited for a batch, ``learner_idle_s`` the
+rest (its next task waiting for a worker thread or the driver). ``actors_for_busy``
+estimates the actors that would keep the learner busy (:mod:`daskrl.observe.profile`
+suggests adding them).
 
 The machinery (rollout task, publisher, the learner's loop) is in
 :mod:`daskrl.distributions.free_running`.
