@@ -24,7 +24,7 @@ from daskrl.algos.dqn import (
     evaluate_module,
     q_policy,
 )
-from daskrl.algos.replay import transition_nbytes
+from daskrl.algos.replay import PrioritizedReplay, transition_nbytes
 from daskrl.core.sizes import Sizes, mlp_params
 
 
@@ -60,6 +60,8 @@ class Config:
                                              "(annealed to 1)", 0.4)
     max_grad_norm: float = setting("gradient-norm clip", 10.0)
     hidden: int = setting("hidden units in each of the two ReLU layers", 256)
+    replay_shards: int = setting("replay shards under --distribution apex, each on a worker of "
+                                 "its own holding --buffer-size / shards transitions", 1)
     save_replay: bool = setting("checkpoint the replay's contents (off: a resumed run starts "
                                 "with an empty buffer)", True)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
@@ -92,6 +94,16 @@ def make_actor(config: Config, seed: int) -> QActor:
                   config.gamma, step_cost=config.env_step_cost)
 
 
+def make_replay(config: Config, shard: int) -> PrioritizedReplay:
+    """Role ``replay`` (apex): one prioritised shard, sampling for every gradient step of an
+    iteration."""
+    steps = config.num_actors * config.num_envs * config.num_steps
+    rows = max(1, steps // max(1, config.train_frequency)) * config.batch_size
+    capacity = -(-config.buffer_size // config.replay_shards)
+    return PrioritizedReplay(capacity, config.prioritized_replay_alpha, seed=shard,
+                             sample_rows=rows)
+
+
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
     """Role ``evaluate``: greedy episodes on fresh envs."""
     policy = q_policy(config.env, (config.hidden,) * 2, weights, deterministic=True)
@@ -102,13 +114,15 @@ def build(config: Config) -> Algorithm:
     """DQN as an :class:`~daskrl.Algorithm`; the distribution decides where each role runs."""
     obs_dim, num_actions = discrete_dims(config.env)  # one line when the actions are not Discrete
     hidden = (config.hidden,) * 2
-    per = transition_nbytes((obs_dim,), np.float32, (), np.int64, config.prioritized_replay)
+    per = transition_nbytes((obs_dim,), np.float32, (), np.int64, prioritized=True)
     return Algorithm(
         name="dqn",
         make_actor=partial(make_actor, config),
         make_learner=partial(make_learner, config, obs_dim, num_actions),
         evaluate=partial(evaluate, config),
         make_policy=partial(q_policy, config.env, hidden),
+        make_replay=partial(make_replay, config),
+        replay_shards=config.replay_shards,
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,
@@ -116,10 +130,11 @@ def build(config: Config) -> Algorithm:
             "rollout": Resources(cpu=1),
             "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
             "evaluate": Resources(cpu=1),
+            "replay": Resources(cpu=1),
         },
         env_id=config.env,
         sizes=Sizes(per, 2 * mlp_params(obs_dim, num_actions, hidden),
                     replay_bytes=config.buffer_size * per),
-        capabilities={"resizable-actor"},
+        capabilities={"resizable-actor", "replay"},
         distribution="single",
     )

@@ -41,7 +41,7 @@ MEMBERS = ("name", "requires", "dynamic", "required", "check", "fragments", "ite
 """Every member of :class:`Distribution`: what the driver, CLI and renderer may call."""
 
 SERVES = {"actors-learner": True, "single": True, "data-parallel": True,
-          "central-inference": False, "async": False, "impala": False}
+          "central-inference": False, "async": False, "impala": False, "apex": False}
 """Whether each distribution serves MAPPO (its actor is neither split nor a gradient actor,
 nor records V-trace sequences)."""
 
@@ -88,7 +88,7 @@ def test_every_distribution_implements_every_member(name):
     assert dist.workers_wanted(algo) >= 1
     fragments = dist.fragments(algo)
     assert fragments and {f.role for f in fragments} <= {
-        "rollout", "learner", "inference", "env", "replica"}
+        "rollout", "learner", "inference", "env", "replica", "replay"}
     inputs = IterationInputs(algo, Placement({}, {}), "r", 1, 0, 10, None)
     assert iterations_per_task(dist, inputs) >= 1
     assert dist.check_placement(Placement({}, {"replica": ("a", "b")}), algo) is None
@@ -179,11 +179,11 @@ def test_the_graphs_declare_what_they_offer():
     algos = {"ppo": ppo.build(ppo.Config()), "a3c": a3c.build(a3c.Config()),
              "mappo": mappo.build(mappo.Config(num_envs=4, num_steps=5))}
     served = {g: {n for n in NAMES if _serves(n, a)} for g, a in algos.items()}
-    assert served["ppo"] == set(NAMES) - {"async", "impala"}  # impala: with --vtrace
-    assert served["a3c"] == set(NAMES) - {"impala"}
+    assert served["ppo"] == set(NAMES) - {"async", "impala", "apex"}  # impala: with --vtrace
+    assert served["a3c"] == set(NAMES) - {"impala", "apex"}
     vtrace_ppo = ppo.build(ppo.Config(vtrace=True))
     assert {n for n in NAMES if _serves(n, vtrace_ppo)} == set(NAMES) - {
-        "async", "central-inference"}
+        "async", "central-inference", "apex"}
     assert served["mappo"] == {n for n, ok in SERVES.items() if ok}
     assert algos["a3c"].distribution == "async"
     assert algos["ppo"].distribution == algos["mappo"].distribution == "actors-learner"

@@ -26,7 +26,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.actor_critic import EnvRunner
-from daskrl.algos.replay import concat_steps, make_replay, nstep_transitions
+from daskrl.algos.replay import (
+    concat_steps,
+    importance_weights,
+    make_replay,
+    nstep_transitions,
+)
 from daskrl.core.envs import make_vector_env
 
 Batch = dict[str, Any]
@@ -241,6 +246,10 @@ class QActor:
             self.net.load_state_dict(weights)
             self.version = version
 
+    def explore(self, epsilon: float) -> None:
+        """Act with ``epsilon`` (Ape-X's per-actor rate) and add initial priorities."""
+        self.epsilon, self.priorities = float(epsilon), True
+
     def resized(self, num_envs: int, seed: int) -> QActor:
         """An actor with the same settings, ``num_envs`` envs and ``seed``."""
         col = self.collector
@@ -396,6 +405,59 @@ class DQNLearner:
             metrics.update({"losses/td_loss": float(np.mean(losses)),
                             "losses/q_values": float(np.mean(qs))})
         return metrics
+
+    def learn_from(self, samples: list[Batch], progress: float
+                   ) -> tuple[dict[str, float], list[Batch]]:
+        """Ape-X: gradient steps on replay shards' samples; return the metrics and each
+        shard's new priorities.
+
+        Each shard sampled ``sample_rows`` rows in proportion to its own priorities; every
+        gradient step draws how many of its ``batch_size`` rows come from each shard in
+        proportion to the shards' totals (``Multinomial``) and takes that many unused rows
+        of each, so a row is drawn with probability ``p_i / sum of all p``, as from one
+        buffer; importance weights are taken over all shards. No step before the shards
+        hold ``learning_starts`` transitions together (the learner waits). Target updates
+        follow the env steps the shards report adding.
+        """
+        h = self.hyper
+        totals = np.array([float(s["stats"]["total"]) for s in samples])
+        size = sum(int(s["stats"]["size"]) for s in samples)
+        before = self.env_steps
+        self.env_steps += sum(int(s["stats"]["added"]) for s in samples)
+        beta = h.prioritized_replay_beta + (1 - h.prioritized_replay_beta) * progress
+        updates: list[Batch] = [{"indices": [], "priorities": []} for _ in samples]
+        metrics: dict[str, float] = {"replay_size": size, "learner_env_steps": self.env_steps}
+        rows = min(len(s["indices"]) for s in samples if s["stats"]["size"]) if size else 0
+        steps = rows // h.batch_size if size >= max(1, h.learning_starts) else 0
+        cursors = np.zeros(len(samples), np.int64)
+        per = (self.env_steps - before) / max(1, steps)
+        losses, qs = [], []
+        for g in range(steps):
+            counts = self.replay.rng.multinomial(h.batch_size, totals / totals.sum())
+            parts = [{k: v[c0:c0 + c] for k, v in s.items() if k != "stats"} if c else {}
+                     for s, c0, c in zip(samples, cursors, counts, strict=True)]
+            cursors += counts
+            live = [p for p in parts if p]  # a shard with no rows (none drawn) adds nothing
+            merged = {k: np.concatenate([p[k] for p in live]) for k in live[0]}
+            merged["weights"] = importance_weights(merged["priorities"] / totals.sum(), size,
+                                                   beta)
+            loss, q, td = self.gradient_step(merged)
+            losses.append(loss)
+            qs.append(q)
+            for j, piece in enumerate(np.split(td, np.cumsum(counts)[:-1])):
+                if counts[j]:
+                    updates[j]["indices"].append(parts[j]["indices"])
+                    updates[j]["priorities"].append(piece)
+            prev, step = before + g * per, before + (g + 1) * per  # spread over the steps
+            if step // h.target_network_frequency > prev // h.target_network_frequency:
+                self.sync_target()
+        out = [{k: np.concatenate(v) if v else np.zeros(0) for k, v in u.items()}
+               for u in updates]
+        metrics["gradient_steps"] = len(losses)
+        if losses:
+            metrics.update({"losses/td_loss": float(np.mean(losses)),
+                            "losses/q_values": float(np.mean(qs))})
+        return metrics, out
 
     def replay_metrics(self) -> dict[str, float]:
         """Size, bytes and capacity of the replay."""

@@ -101,6 +101,9 @@ class ReplayBuffer:
         The most transitions held; beyond it the oldest are overwritten.
     seed : int
         Seeds the sampling.
+    sample_rows : int
+        Rows to sample per iteration when it serves a learner on another worker (a replay
+        shard under ``apex``: the learner's gradient steps per iteration times its batch).
 
     Examples
     --------
@@ -115,10 +118,11 @@ class ReplayBuffer:
 
     prioritized = False
 
-    def __init__(self, capacity: int, seed: int = 0) -> None:
+    def __init__(self, capacity: int, seed: int = 0, sample_rows: int = 0) -> None:
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1 (--buffer-size), got {capacity}")
         self.capacity = int(capacity)
+        self.sample_rows = int(sample_rows)
         self.rng = np.random.default_rng(seed)
         self.data: dict[str, np.ndarray] = {}
         self.pos = 0  # the next row written
@@ -232,8 +236,8 @@ class PrioritizedReplay(ReplayBuffer):
     prioritized = True
 
     def __init__(self, capacity: int, alpha: float = 0.6, seed: int = 0,
-                 eps: float = 1e-6) -> None:
-        super().__init__(capacity, seed)
+                 eps: float = 1e-6, sample_rows: int = 0) -> None:
+        super().__init__(capacity, seed, sample_rows)
         self.alpha, self.eps = float(alpha), float(eps)
         self.tree = SumTree(self.capacity)
         self.max_priority = 1.0
@@ -309,8 +313,8 @@ def importance_weights(probs: np.ndarray, size: int, beta: float) -> np.ndarray:
     return (w / w.max()).astype(np.float32)
 
 
-def make_replay(capacity: int, prioritized: bool, alpha: float = 0.6, seed: int = 0
-                ) -> ReplayBuffer:
+def make_replay(capacity: int, prioritized: bool, alpha: float = 0.6, seed: int = 0,
+                sample_rows: int = 0) -> ReplayBuffer:
     """A :class:`PrioritizedReplay` or a uniform :class:`ReplayBuffer`.
 
     Examples
@@ -319,8 +323,8 @@ def make_replay(capacity: int, prioritized: bool, alpha: float = 0.6, seed: int 
     'PrioritizedReplay'
     """
     if prioritized:
-        return PrioritizedReplay(capacity, alpha, seed)
-    return ReplayBuffer(capacity, seed)
+        return PrioritizedReplay(capacity, alpha, seed, sample_rows=sample_rows)
+    return ReplayBuffer(capacity, seed, sample_rows)
 
 
 def merge_samples(samples: Sequence[Batch], n: int, beta: float, rng: np.random.Generator,

@@ -12,6 +12,7 @@ import cloudpickle
 import torch
 
 from daskrl.core.fragment import check_role
+from daskrl.core.replay import Replay
 from daskrl.core.resources import Resources
 from daskrl.core.sizes import Sizes
 from daskrl.core.tensor_pickle import pack_tensors, unpack_tensors
@@ -67,8 +68,9 @@ class LearnerOutput:
     first (empty for a task of one iteration; see ``Distribution.iterations_per_task``)."""
     carried: list[Batch] = field(default_factory=list)
     """The next iteration's batches, when the tasks that made this output also collected
-    them (``actors-learner:stale=1`` with several iterations per task); else empty. Not
-    checkpointed: a resumed run collects them again."""
+    them (``actors-learner:stale=1`` with several iterations per task); under ``apex``, the
+    new priorities for each replay shard; else empty. Not checkpointed: a resumed run
+    collects them again."""
 
     def __getstate__(self) -> dict[str, Any]:
         # CPU tensors travel as numpy arrays (why: daskrl.core.tensor_pickle)
@@ -222,6 +224,8 @@ CAPABILITIES: Mapping[str, str] = {
     "vtrace": "its actor records sequences with the acting policy's log-probabilities and "
               "version, and its learner corrects for their lag with V-trace (a value head), "
               "as impala's free-running actors need",
+    "replay": "make_replay builds replay shards, its learner is a ReplayLearner and its actor "
+              "an ExploringActor (daskrl.core.replay), as apex places them",
 }
 """The capabilities an :class:`Algorithm` may declare, and what each promises. A distribution
 lists those it requires and refuses an algorithm that lacks one before any worker starts."""
@@ -302,6 +306,11 @@ class Algorithm:
     evaluator : callable ``(weights, EvalRequest) -> dict``, optional
         Runs ``daskrl eval``'s episodes itself (multi-agent envs, teams, opponents); None: the
         generic gymnasium evaluator runs ``make_policy`` on ``env_id``'s envs.
+    make_replay : callable ``(shard) -> Replay``, optional
+        Builds one replay shard (role ``replay``; :class:`daskrl.core.replay.Replay`), for
+        distributions that place the replay on its own workers (``apex``).
+    replay_shards : int
+        Replay shards (replicas of role ``replay``), each holding its share of the capacity.
 
     Examples
     --------
@@ -330,6 +339,8 @@ class Algorithm:
     distribution: str = "actors-learner"
     make_policy: Callable[[Weights, bool], torch.nn.Module] | None = None
     evaluator: Callable[[Weights, EvalRequest], dict[str, Any]] | None = None
+    make_replay: Callable[[int], Replay] | None = None
+    replay_shards: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.capabilities, str):
@@ -349,7 +360,7 @@ class Algorithm:
                 raise TypeError(f"resources[{role!r}] must be daskrl.Resources, got {res!r}")
         if self.sizes is not None and not isinstance(self.sizes, Sizes):
             raise TypeError(f"sizes must be daskrl.core.sizes.Sizes, got {self.sizes!r}")
-        for name in ("num_steps", "num_envs", "num_actors"):
+        for name in ("num_steps", "num_envs", "num_actors", "replay_shards"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -3,7 +3,8 @@
 A distribution is picked by name, with options after a colon:
 ``actors-learner`` (``actors-learner:stale=1`` overlaps rollouts with the update, one
 update behind), ``central-inference:env_groups=2``, ``data-parallel:allreduce=torch``,
-``single:iterations_per_task=4``, ``async``, ``impala:in_flight=2`` (free-running actors).
+``single:iterations_per_task=4``, ``async``, ``impala:in_flight=2`` (free-running actors),
+``apex:refresh_every=4`` (replay shards on their own workers).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import inspect
 from typing import Any
 
 from daskrl.distributions.actors_learner import ActorsLearner
+from daskrl.distributions.apex import Apex
 from daskrl.distributions.async_grads import AsyncGradients
 from daskrl.distributions.base import Distribution, IterationInputs, Unsupported, parse_spec
 from daskrl.distributions.central_inference import CentralInference
@@ -21,7 +23,8 @@ from daskrl.distributions.single import Single
 
 KINDS: dict[str, type[Distribution]] = {
     cls.name: cls
-    for cls in (ActorsLearner, CentralInference, DataParallel, Single, AsyncGradients, Impala)
+    for cls in (ActorsLearner, CentralInference, DataParallel, Single, AsyncGradients, Impala,
+                Apex)
 }
 """Distribution name -> class (its constructor's keyword arguments are its options)."""
 

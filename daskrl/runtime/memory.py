@@ -48,6 +48,8 @@ FIXES = {
     "policy copy": "lower --hidden (the model's width)",
     "gradients": "lower --num-actors or --hidden",
     "worker process": "give the workers more memory",
+    "replay": "lower --buffer-size (the replay's capacity in transitions), or spread it over "
+              "more --replay-shards under --distribution apex",
 }
 """What to lower when a part dominates a worker's estimate."""
 
@@ -94,9 +96,13 @@ def _role_parts(role: str, algo: Algorithm, sizes: Sizes, roles: set[str],
     if role == "replica":  # data-parallel: an actor and a learner in one
         return [("rollout buffers", ACTOR_COPIES * one), ("learner batch", LEARNER_COPIES * one),
                 ("model and optimiser", MODEL_COPIES * model)]
+    if role == "replay":  # a shard of an off-policy replay on its own worker (apex)
+        return [("replay", -(-sizes.replay_bytes // algo.replay_shards))]
     if role != "learner":
         return []  # env replicas and evaluation hold little beyond the process
     parts = [("model and optimiser", MODEL_COPIES * model)]
+    if sizes.replay_bytes and "replay" not in roles:  # the replay is resident in the learner
+        parts.append(("replay", sizes.replay_bytes))
     if "replica" in roles:  # data-parallel: the learner only gathers the replicas' outputs
         return parts
     if distribution == "async":  # gradients arrive, not batches
