@@ -95,3 +95,23 @@ def test_continuous_env_is_refused_in_one_line(tmp_path):
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("daskrl: error")]
     assert len(errors) == 1, proc.stderr  # (a loaded machine may add Dask's slowness warnings)
     assert "Discrete" in errors[0] and "Box" in errors[0] and "sac" in errors[0]
+
+
+def test_without_save_replay_a_resume_says_the_buffer_restarts_empty(capsys):
+    from daskrl.algos.dqn import DQNHyper, DQNLearner, QActor
+
+    hyper = DQNHyper(save_replay=False, learning_starts=10, batch_size=8)
+    learner = DQNLearner(4, 2, seed=0, hidden=(8,), hyper=hyper)
+    learner.update([QActor("CartPole-v1", 2, seed=0, hidden=(8,)).rollout(16)], 0.1)
+    state = learner.state_dict()
+    assert "replay" not in state and state["replay_size"] > 0
+    resumed = DQNLearner(4, 2, seed=1, hidden=(8,), hyper=hyper)
+    resumed.load_state_dict(state)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "restarts empty" in err[0] and "--no-save-replay" in err[0]
+    assert len(resumed.replay) == 0 and resumed.env_steps == learner.env_steps
+    saved = DQNLearner(4, 2, seed=0, hidden=(8,), hyper=DQNHyper())
+    saved.update([QActor("CartPole-v1", 2, seed=0, hidden=(8,)).rollout(16)], 0.1)
+    again = DQNLearner(4, 2, seed=2, hidden=(8,), hyper=DQNHyper())
+    again.load_state_dict(saved.state_dict())
+    assert len(again.replay) == len(saved.replay) > 0
