@@ -376,3 +376,26 @@ def test_a_slurm_job_that_dies_at_start_fails_fast(slurm_node, tmp_path):
     with pytest.raises(RuntimeError, match="cpu-0 ended before their worker connected"):
         start_pools(spec)
     assert time.monotonic() - t0 < 30
+
+
+def test_a_users_own_slurm_cluster_trains_ppo_through_daskrl_train(slurm_node, tmp_path):
+    """dask-jobqueue as its users start it (no resources declared, integer worker names),
+    handed to ``daskrl.train`` as a ``Client``."""
+    from dask_jobqueue import SLURMCluster
+
+    import daskrl
+
+    with SLURMCluster(cores=1, memory="1GB", processes=1, walltime="00:10:00",
+                      log_directory=str(tmp_path / "jobs"),
+                      scheduler_options={"host": "127.0.0.1",
+                                         "dashboard_address": "127.0.0.1:0"}) as cluster:
+        cluster.scale(jobs=2)
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=90)
+            run = daskrl.train(REPO / "graphs" / "ppo.py", client=client, steps=512,
+                               out=tmp_path / "run", progress=False, num_actors=2, num_envs=4,
+                               num_steps=32, update_epochs=2, num_minibatches=2,
+                               eval_episodes=2)
+            names = {w["name"] for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+    assert run.summary["iterations"] == 2 and run.summary["eval_return_mean"] > 0
+    assert len(names) == 2
