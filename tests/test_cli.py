@@ -317,12 +317,12 @@ def test_a_longer_resume_continues_the_learning_rate_schedule(cluster_tiny_ppo, 
     algo = cluster_tiny_ppo(num_actors=1)
     per = algo.steps_per_iteration
     settings = RunSettings(out=tmp_path, steps=4 * per, progress=False, eval=False,
-                           tensorboard=False, checkpoint_every=1)
+                           tensorboard=False, checkpoint_every=1, task_s=0.0)  # one per task
     train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
     for late in ("ckpt-00000003.pt", "ckpt-00000004.pt"):  # as if stopped after iteration 2
         (tmp_path / "checkpoints" / late).unlink()
     resumed = RunSettings(out=tmp_path, steps=8 * per, resume=True, progress=False,
-                          eval=False, tensorboard=False)
+                          eval=False, tensorboard=False, task_s=0.0)
     summary = train(SyncBackend(), algo, get_distribution("actors-learner"), resumed)
     rates = [float(r["charts/learning_rate"]) for r in read_csv(tmp_path / "metrics.csv")]
     lr = 2.5e-4
