@@ -72,7 +72,13 @@ class Run:
         self._thread = threading.Thread(target=self._train, args=(work, backend),
                                         name="daskrl-train", daemon=True)
         self._thread.start()
-        return self.result() if wait else self
+        if not wait:
+            return self
+        try:
+            return self.result()
+        except KeyboardInterrupt:  # Ctrl-C (a notebook's interrupt): stop with a checkpoint
+            self.stop()
+            raise
 
     def _train(self, work: Callable[[Any], dict[str, Any]], backend: Any) -> None:
         try:
