@@ -128,11 +128,11 @@ class Watchdog:
         return "; ".join(hang.describe() for hang in hangs)
 
     def _handle(self, hang: Hang) -> None:
-        stack = None
+        where = ""  # a worker that stopped answering is not asked for a stack
         if hang.key is not None and not hang.silent:
             stack = self.backend.call_stack(hang.key, timeout=10.0)
-        where = (f"its stack on the worker:\n{''.join(own_frames(stack)).rstrip()}" if stack else
-                 "the worker did not answer for its stack" if hang.key else "")
+            where = (f"its stack on the worker:\n{''.join(own_frames(stack)).rstrip()}"
+                     if stack else "the worker did not answer for its stack")
         print(f"daskrl: hang: {hang.describe()}; restarting the worker"
               f"{'; ' + where if where else ''}", file=sys.stderr, flush=True)
         try:
