@@ -170,3 +170,23 @@ def test_mujoco_runs_under_every_distribution_that_serves_ppo(clients, cluster_t
         assert model["obs_rms.mean"].shape == (obs_dim,), env
         assert model["obs_rms.count"].item() > algo.steps_per_iteration / 2, (env, spec)
         assert summary["weights_sha256"]
+
+
+def test_a2c_on_box_actions_actor_and_learner_compute_the_same_gradients():
+    from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
+
+    spaces = env_spaces("Pendulum-v1")
+    learner = A2CLearner(0, 0, seed=0, hidden=(16,), hp=A2CHyper(),
+                         network=lambda: actor_critic_for(*spaces, (16,)))
+    actor = A2CActor("Pendulum-v1", 2, seed=0, hidden=(16,), rollout_steps=8)
+    actor.set_weights(learner.weights(), 0)
+    kept, rollout = [], actor.rollout
+    actor.rollout = lambda n: kept.append(rollout(n)) or kept[-1]
+    grads, _ = actor.gradients()
+    assert kept[0]["actions"].shape == (16, 1) and kept[0]["actions"].dtype == np.float32
+    (mb,) = learner.minibatches(kept, 0.0)
+    mine, _ = learner.compute_gradients(mb)
+    for a, b in zip(grads, mine, strict=True):
+        torch.testing.assert_close(a, b)
+    names = [name for name, _ in learner.net.named_parameters()]
+    assert mine[names.index("actor_logstd")].abs().sum() > 0  # the log std is learnt too
