@@ -64,3 +64,10 @@ def test_bad_settings_are_refused_before_anything_trains(users_client, tmp_path)
     with pytest.raises(ValueError, match="unknown distribution|distribution"):
         daskrl.train(GRAPH, client=users_client, out=tmp_path / "b", distribution="nope")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_without_a_client_it_trains_on_an_embedded_cluster_and_closes_it(tmp_path):
+    run = daskrl.train(GRAPH, steps=256, out=tmp_path / "run", progress=False,
+                       **{**TINY, "num_actors": 1})
+    assert run.summary["iterations"] == 2 and run.status == "finished"
+    assert run.client.status == "closed"  # its cluster went with the run
