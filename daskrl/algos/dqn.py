@@ -303,13 +303,16 @@ def _tensors(batch: Batch, device: str) -> dict[str, Tensor]:
 
 def _q_and_target(net: nn.Module, target: nn.Module, b: dict[str, Tensor], double_q: bool
                   ) -> tuple[Tensor, Tensor]:
-    q = net(b["obs"].float()).gather(1, b["actions"].long().reshape(-1, 1)).squeeze(1)
+    obs, next_obs = b["obs"].float(), b["next_obs"].float()
+    if double_q:  # one forward pass of the online network over both halves
+        both = net(torch.cat([obs, next_obs]))
+        q_all, next_online = both[:len(obs)], both[len(obs):].detach()
+    else:
+        q_all, next_online = net(obs), None
+    q = q_all.gather(1, b["actions"].long().reshape(-1, 1)).squeeze(1)
     with torch.no_grad():
-        next_target = target(b["next_obs"].float())
-        if double_q:
-            best = net(b["next_obs"].float()).argmax(1, keepdim=True)
-        else:
-            best = next_target.argmax(1, keepdim=True)
+        next_target = target(next_obs)
+        best = (next_online if next_online is not None else next_target).argmax(1, keepdim=True)
         bootstrap = next_target.gather(1, best).squeeze(1)
         target_q = b["rewards"].float() + b["discounts"].float() * bootstrap
     return q, target_q
