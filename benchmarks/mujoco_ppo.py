@@ -126,11 +126,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000, help="env steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="override settings for both systems, e.g. gamma=0.9 num_envs=4")
     parser.add_argument("--quick", action="store_true", help="4096 steps, 1 seed, no output")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/mujoco_ppo.json")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.seeds = 4096, args.seeds[:1]
+    for item in args.set:
+        key, value = item.split("=", 1)
+        SETTINGS[key] = type(SETTINGS[key])(value)
     record: dict[str, Any] = {"settings": SETTINGS, "steps": args.steps, "seeds": args.seeds,
                               "machine": machine_info(), "load_before": load_average(),
                               "runs": []}
@@ -172,6 +177,7 @@ def report(record: dict[str, Any], path: Path) -> None:
     body = "\n\n".join([
         f"## PPO on {', '.join(dict.fromkeys(r['env'] for r in record['runs']))}: daskrl vs "
         "Stable-Baselines3",
+        "Settings: " + ", ".join(f"{k}={v}" for k, v in record["settings"].items()) + ".",
         f"Env steps per run: {record['steps']:,}; seeds {record['seeds']}; 1-minute load "
         f"average before each run {min(loads):.1f}-{max(loads):.1f} (machine: "
         f"{record['machine']['usable_cpus']} usable CPUs, shared).",

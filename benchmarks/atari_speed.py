@@ -1,0 +1,232 @@
+"""Atari rollout speed: gymnasium's vector env against EnvPool, and PPO end to end against
+Stable-Baselines3's ``PPO("CnnPolicy")``, in the same run.
+
+- *env only*: env-steps/s of random actions on Breakout (gymnasium:
+  ``BreakoutNoFrameskip-v4`` with ``AtariPreprocessing`` and 4 stacked frames in a synchronous
+  vector env; EnvPool: ``Breakout-v5``, the same preprocessing in C++ threads).
+- *rollout fragment*: env-steps/s of daskrl's rollout fragment (``VecEnvActor.rollout(128)``:
+  the envs and the Nature-DQN CNN choosing every action) with either backend.
+- *bytes per rollout*: what one actor's batch weighs on the wire (uint8 frames), and what
+  float32 frames would weigh.
+- *end to end* (``--e2e``): frames/s (env steps x 4 skipped frames) of ``daskrl train
+  graphs/ppo.py`` and of SB3's ``PPO("CnnPolicy")`` with the same settings (8 envs x 128 steps,
+  4 epochs of minibatch 256, CPU, one torch thread).
+
+Usage::
+
+    python benchmarks/atari_speed.py --quick          # smoke test, writes nothing
+    python benchmarks/atari_speed.py --repeats 3 --e2e
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    ROOT,
+    load_average,
+    machine_info,
+    markdown_table,
+    median,
+    ratio,
+    update_section,
+    write_json,
+)
+
+GYM_ID = "BreakoutNoFrameskip-v4"
+FRAME_SKIP = 4
+
+SB3_CHILD = r'''
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+import ale_py, gymnasium
+gymnasium.register_envs(ale_py)
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_atari_env
+from stable_baselines3.common.vec_env import VecFrameStack
+steps, envs = int(sys.argv[1]), int(sys.argv[2])
+env = VecFrameStack(make_atari_env("BreakoutNoFrameskip-v4", n_envs=envs, seed=0), 4)
+model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4,
+            clip_range=0.1, ent_coef=0.01, vf_coef=0.5, device="cpu", seed=0)
+t0 = time.time()
+model.learn(steps)
+print("RESULT " + json.dumps({"env_steps": model.num_timesteps, "train_s": time.time() - t0}))
+'''
+
+
+def _threads_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[var] = "1"
+    return env
+
+
+def env_only(backend: str, num_envs: int, steps: int) -> float:
+    """Env-steps/s of random actions (the vector env alone)."""
+    from daskrl.core.envs import make_vector_env
+
+    env = make_vector_env(GYM_ID, num_envs, seed=0, backend=backend)  # type: ignore[arg-type]
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    n = int(env.single_action_space.n)
+    env.step(rng.integers(0, n, num_envs))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        env.step(rng.integers(0, n, num_envs))
+    elapsed = time.perf_counter() - t0
+    env.close()
+    return steps * num_envs / elapsed
+
+
+def fragment(backend: str, num_envs: int, steps: int) -> dict[str, float]:
+    """Env-steps/s of ``VecEnvActor.rollout`` (envs and CNN inference) and its batch's bytes."""
+    import torch
+
+    from daskrl.algos.actor_critic import VecEnvActor
+
+    torch.set_num_threads(1)
+    actor = VecEnvActor(GYM_ID, num_envs, seed=0, backend=backend)  # type: ignore[arg-type]
+    actor.rollout(4)  # builds the envs
+    t0 = time.perf_counter()
+    batch = actor.rollout(steps)
+    elapsed = time.perf_counter() - t0
+    actor.close()
+    arrays = [v for k, v in batch.items() if isinstance(v, np.ndarray)]
+    obs = batch["obs"]
+    return {"env_steps_per_s": batch["stats"]["env_steps"] / elapsed,
+            "batch_bytes": sum(a.nbytes for a in arrays),
+            "batch_bytes_if_float32": sum(a.nbytes for a in arrays) + 3 * obs.nbytes,
+            "obs_dtype": str(obs.dtype), "transitions": len(obs)}
+
+
+def e2e_daskrl(steps: int, out: Path) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "daskrl", "train", "graphs/ppo.py", "--env", GYM_ID,
+           "--steps", str(steps), "--num-envs", "8", "--num-steps", "128",
+           "--minibatch-size", "256", "--clip-coef", "0.1", "--no-clip-vloss",
+           "--out", str(out), "--no-progress", "--no-eval"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_threads_env(), capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-2000:])
+    summary = json.loads((out / "summary.json").read_text())
+    return {"env_steps": summary["env_steps"], "train_s": summary["wall_s"]}
+
+
+def e2e_sb3(steps: int) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, "-c", SB3_CHILD, str(steps), "8"], cwd=ROOT,
+                          env=_threads_env(), capture_output=True, text=True)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode or not line:
+        raise RuntimeError(proc.stderr[-2000:])
+    return json.loads(line[0][7:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--envs", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--steps", type=int, default=128, help="vector steps per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--e2e", action="store_true", help="also PPO end to end against SB3")
+    parser.add_argument("--e2e-steps", type=int, default=4096)
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 16 steps, no output")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/atari_speed.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.steps, args.envs = 1, 16, args.envs[:1]
+    try:
+        import envpool  # noqa: F401
+        backends = ["gymnasium", "envpool"]
+    except ImportError:
+        backends = ["gymnasium"]
+    record: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats,
+                              "machine": machine_info(["envpool", "ale-py", "torch",
+                                                       "gymnasium", "stable-baselines3"]),
+                              "load_before": load_average(), "runs": []}
+    for rep in range(args.repeats):
+        for num_envs in args.envs:
+            for backend in backends if rep % 2 == 0 else backends[::-1]:
+                row = {"repeat": rep, "num_envs": num_envs, "backend": backend,
+                       "load_1min": os.getloadavg()[0],
+                       "env_only_steps_per_s": env_only(backend, num_envs, args.steps)}
+                row.update(fragment(backend, num_envs, args.steps))
+                record["runs"].append(row)
+                print(json.dumps(row), flush=True)
+    if args.e2e:
+        tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"atari_speed-{os.getpid()}"
+        record["e2e"] = []
+        for rep in range(args.repeats):
+            for system in ("daskrl", "sb3") if rep % 2 == 0 else ("sb3", "daskrl"):
+                load = os.getloadavg()[0]
+                try:
+                    res = (e2e_daskrl(args.e2e_steps, tmp / str(rep)) if system == "daskrl"
+                           else e2e_sb3(args.e2e_steps))
+                except RuntimeError as exc:  # keep the rollout numbers measured so far
+                    print(f"{system} failed: {exc}", file=sys.stderr)
+                    continue
+                res.update(system=system, repeat=rep, load_1min=load,
+                           frames_per_s=FRAME_SKIP * res["env_steps"] / res["train_s"])
+                record["e2e"].append(res)
+                print(json.dumps(res), flush=True)
+    record["load_after"] = load_average()
+    if args.quick:
+        return
+    write_json(args.json, record)
+    report(record)
+
+
+def report(record: dict[str, Any]) -> None:
+    """``benchmarks/atari_speed.md`` from a recorded run."""
+    runs = record["runs"]
+    rows = []
+    for num_envs in dict.fromkeys(r["num_envs"] for r in runs):
+        med = {(b, k): median(r[k] for r in runs if r["num_envs"] == num_envs
+                              and r["backend"] == b)
+               for b in ("gymnasium", "envpool")
+               for k in ("env_only_steps_per_s", "env_steps_per_s", "batch_bytes",
+                         "batch_bytes_if_float32")}
+        rows.append([num_envs, med["gymnasium", "env_only_steps_per_s"],
+                     med["envpool", "env_only_steps_per_s"],
+                     ratio(med["envpool", "env_only_steps_per_s"],
+                           med["gymnasium", "env_only_steps_per_s"]),
+                     med["gymnasium", "env_steps_per_s"], med["envpool", "env_steps_per_s"],
+                     ratio(med["envpool", "env_steps_per_s"], med["gymnasium", "env_steps_per_s"]),
+                     med["gymnasium", "batch_bytes"] / 2**20,
+                     med["gymnasium", "batch_bytes_if_float32"] / 2**20])
+    loads = [r["load_1min"] for r in runs] + [r["load_1min"] for r in record.get("e2e", [])]
+    parts = [
+        "# Atari rollout speed",
+        (__doc__ or "").split("Usage::")[0].strip(),
+        f"{record['steps']} vector steps per measurement, medians of {record['repeats']}; "
+        f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
+        f"{record['machine']['usable_cpus']} shared CPUs (EnvPool's threads compete with the "
+        "other processes).",
+        markdown_table(["envs", "env only: gymnasium steps/s", "env only: EnvPool steps/s",
+                        "EnvPool / gymnasium", "fragment: gymnasium steps/s",
+                        "fragment: EnvPool steps/s", "EnvPool / gymnasium",
+                        f"batch MiB ({record['steps']} steps, uint8)",
+                        "batch MiB if float32"], rows),
+    ]
+    if record.get("e2e"):
+        e2e = record["e2e"]
+        med = {s: median(r["frames_per_s"] for r in e2e if r["system"] == s)
+               for s in ("daskrl", "sb3")}
+        parts += [markdown_table(["end to end PPO (frames/s)", "daskrl", "SB3 CnnPolicy",
+                                  "daskrl / SB3"],
+                                 [[f"{e2e[0]['env_steps']:,} env steps", med["daskrl"],
+                                   med["sb3"], ratio(med["daskrl"], med["sb3"])]])]
+    parts.append("Raw numbers: [`results/atari_speed.json`](results/atari_speed.json).")
+    update_section(ROOT / "benchmarks/atari_speed.md", "atari_speed", "\n\n".join(parts))
+
+
+if __name__ == "__main__":
+    main()
