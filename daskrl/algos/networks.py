@@ -11,6 +11,7 @@ discrete actions on flat observations, a Gaussian MLP with a state-independent l
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +21,33 @@ from torch import Tensor, nn
 from daskrl.algos.normalize import Normalization, RunningMeanStd
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class ActorCritic(Protocol):
+    """What every head offers the actors and learners (:class:`DiscreteActorCritic`,
+    :class:`GaussianActorCritic`, :class:`CNNActorCritic`), besides being an ``nn.Module``."""
+
+    action_shape: tuple[int, ...]
+    """Shape of one env's action (``()`` for a discrete index)."""
+    action_dtype: type
+    """numpy dtype of the actions (int64 indices, float32 vectors)."""
+    obs_rms: RunningMeanStd | None
+    """Running observation statistics the network normalises with (None: raw inputs)."""
+    ret_rms: RunningMeanStd | None
+    """Running return statistics the actors scale rewards by (None: unscaled)."""
+
+    def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
+            deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Actions, their log-probabilities and the values of ``obs`` (no autograd)."""
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-probabilities of ``actions``, entropies and values (differentiable)."""
+
+    def value(self, obs: Tensor) -> Tensor:
+        """State values, shape ``(B,)``."""
+
+    def policy(self, deterministic: bool = True) -> nn.Module:
+        """The policy alone: observations in, actions out (for eval and export)."""
 
 
 def layer(n_in: int, n_out: int, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
