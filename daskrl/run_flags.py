@@ -61,8 +61,8 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--scheduler", default=None,
         help="address of an existing Dask scheduler, or 'sync' to run every task in this "
              "process (default: an embedded cluster). On any of them each task runs torch "
-             "and BLAS with as many threads as its role's CPU count (1 unless --resources "
-             "ROLE=CPU:N)")
+             "with as many threads as its role's CPU count (1 unless --resources "
+             "ROLE=CPU:N) and numpy's BLAS with one")
     add(train, "train", "--tls", action="store_true",
         help="encrypt comms: temporary credentials for the embedded cluster, or "
              "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")

@@ -124,8 +124,9 @@ def limit_threads(threads: int) -> None:
     thread workers and ``--scheduler sync`` run in processes that did not, where every task
     would use every core, oversubscribing the cores the other tasks run on. The libraries
     are looked up once per process (a ``ThreadpoolController``), so a task pays microseconds.
-    OpenBLAS may keep fewer threads than asked when a task thread raises the count another
-    thread lowered: never more.
+    numpy's BLAS (the only BLAS pool besides torch's own) is held at one thread: fragments do
+    their heavy maths in torch, and OpenBLAS ignores a lower count asked from one thread once
+    another thread raised it, so a grant of 2 followed by a grant of 1 would keep 2.
 
     Examples
     --------
@@ -144,7 +145,7 @@ def limit_threads(threads: int) -> None:
         from threadpoolctl import ThreadpoolController
 
         _pools.append(ThreadpoolController())
-    _pools[0].limit(limits=threads, user_api="blas")
+    _pools[0].limit(limits=1, user_api="blas")
 
 
 def worker_name() -> str:
