@@ -158,8 +158,9 @@ def test_learns_cartpole_with_free_running_actors(tmp_path: Path) -> None:
     # the actors did not wait for the learner: batches acted on weights updates behind
     assert max(float(r["policy_lag_max"]) for r in rows) >= 1
     assert "learner busy: " in report(out)
-    # by default the actors are spread over both workers, the learner's too
-    assert {w.split("@")[1] for w in rows[-1]["rollout_workers"].split(";")} == {"w0", "w1"}
+    # by default the actors are spread over both workers, the learner's too (any one row may
+    # hold two batches of the same actor: the learner takes batches as they land)
+    assert {w.split("@")[1] for r in rows for w in r["rollout_workers"].split(";")} == {"w0", "w1"}
 
 
 def _free_port() -> int:

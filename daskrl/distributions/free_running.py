@@ -145,6 +145,10 @@ class Pipeline:
     rounds: dict[int, int] = dataclasses.field(default_factory=dict)
     publisher: Publisher | None = None
     last_end: float | None = None
+    seen: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Worker name -> the address it had at the last look: the scheduler turns a rollout's
+    pin by name into that address, so a worker back under its name (a nanny's restart) at
+    another address does not receive the rollouts pinned to its lost process."""
 
     def in_flight(self, actor: int) -> int:
         """Rollouts of ``actor`` submitted and not yet consumed."""
@@ -277,6 +281,9 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
         rollouts pinned to the lost worker are submitted again. True when any moved."""
         info = client.scheduler_info(n_workers=-1)["workers"]
         live = {str(w["name"]) for w in info.values()}
+        addresses = {str(w["name"]): a for a, w in info.items()}
+        restarted = {n for n, a in pipe.seen.items() if n in live and addresses[n] != a}
+        pipe.seen = addresses
         moved = False
         for a, home in homes.items():
             if home is None:
@@ -288,10 +295,10 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
                 others = others or sorted(live - {str(me.name)})
                 want = min(others, key=lambda w: list(pipe.where.values()).count(w),
                            default=None)
-            if want == now:
+            if want == now and now not in restarted:
                 continue
             pipe.where[a] = want
-            if now not in live:  # its rollouts wait for a worker that is gone
+            if now not in live or now in restarted:  # its rollouts wait for a lost process
                 lost = [k for k, (b, _) in pipe.pending.items() if b == a]
                 client.cancel([pipe.pending.pop(k)[1] for k in lost])
                 for _ in lost:
@@ -299,6 +306,7 @@ def _free_running(client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
                 moved = True
         return moved
 
+    rehome(0)  # where every worker is now (a first task: the addresses its pins become)
     for a in range(len(actors)):
         while pipe.in_flight(a) < in_flight:
             submit(a, 0)
