@@ -21,9 +21,9 @@ from daskrl.algos.dqn import (
     DQNLearner,
     QActor,
     discrete_dims,
-    evaluate_module,
     q_policy,
 )
+from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.replay import PrioritizedReplay, transition_nbytes
 from daskrl.core.sizes import Sizes, mlp_params
 

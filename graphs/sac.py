@@ -14,7 +14,7 @@ from functools import partial
 import numpy as np
 
 from daskrl import Algorithm, Resources, setting
-from daskrl.algos.dqn import evaluate_module
+from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.replay import transition_nbytes
 from daskrl.algos.sac import SACActor, SACHyper, SACLearner, box_dims, sac_policy
 from daskrl.core.sizes import Sizes, mlp_params

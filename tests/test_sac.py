@@ -13,7 +13,7 @@ import pytest
 import torch
 from distributed import Client
 
-from daskrl.algos.dqn import evaluate_module
+from daskrl.algos.evaluation import evaluate_module
 from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.gae import gae
 from daskrl.algos.learner import ActorCriticLearner
 from daskrl.algos.networks import DiscreteActorCritic, actor_critic_for
@@ -429,24 +430,7 @@ def evaluate_policy(
     >>> evaluate_policy("CartPole-v1", net.state_dict(), seed=0, episodes=2)["eval_episodes"]
     2
     """
-    env = make_vector_env(env_id, episodes, seed)
-    net = actor_critic_for(env.single_observation_space, env.single_action_space, hidden,
-                           normalization)
+    obs_space, action_space = env_spaces(env_id)
+    net = actor_critic_for(obs_space, action_space, hidden, normalization)
     net.load_state_dict(weights)
-    space = env.single_action_space
-    obs, _ = env.reset(seed=seed)
-    total = np.zeros(episodes)
-    running = np.ones(episodes, dtype=bool)
-    while running.any():
-        actions = net.act(obs, deterministic=True)[0].numpy()
-        if isinstance(space, gym.spaces.Box):
-            actions = np.clip(actions, space.low, space.high)
-        obs, rew, term, trunc, _ = env.step(actions)
-        total += rew * running
-        running &= ~(term | trunc)
-    env.close()
-    return {
-        "eval_return_mean": float(total.mean()),
-        "eval_return_std": float(total.std()),
-        "eval_episodes": episodes,
-    }
+    return evaluate_module(env_id, net.policy(True), seed, episodes)

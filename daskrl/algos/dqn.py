@@ -32,7 +32,6 @@ from daskrl.algos.replay import (
     make_replay,
     nstep_transitions,
 )
-from daskrl.core.envs import make_vector_env
 
 Batch = dict[str, Any]
 
@@ -519,32 +518,6 @@ class DQNLearner:
         elif int(state.get("replay_size", 0)):
             print(f"daskrl: the replay buffer was not saved (--no-save-replay): it restarts "
                   f"empty, {state['replay_size']} transitions lost", file=sys.stderr)
-
-
-def evaluate_module(env_id: str, policy: nn.Module, seed: int, episodes: int = 10
-                    ) -> dict[str, float]:
-    """Mean and std of the return of ``episodes`` episodes of ``policy`` (an
-    ``obs -> actions`` module) on fresh envs.
-
-    Examples
-    --------
-    >>> pi = QNetwork(4, 2, (8,)).policy(True)
-    >>> evaluate_module("CartPole-v1", pi, seed=0, episodes=2)["eval_episodes"]
-    2
-    """
-    env = make_vector_env(env_id, episodes, seed)
-    obs, _ = env.reset(seed=seed)
-    total = np.zeros(episodes)
-    running = np.ones(episodes, dtype=bool)
-    while running.any():
-        with torch.inference_mode():
-            actions = policy(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-        obs, rew, term, trunc, _ = env.step(actions)
-        total += rew * running
-        running &= ~(term | trunc)
-    env.close()
-    return {"eval_return_mean": float(total.mean()), "eval_return_std": float(total.std()),
-            "eval_episodes": episodes}
 
 
 def q_policy(env_id: str, hidden: tuple[int, ...], weights: dict[str, Tensor],
