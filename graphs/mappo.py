@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -135,18 +135,25 @@ def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
                           config.eval_episodes, config.eval_deterministic, config.random())
 
 
-def evaluator(config: Config, weights: dict, request: EvalRequest) -> dict[str, float]:
+def evaluator(config: Config, weights: dict, request: EvalRequest) -> dict[str, Any]:
     """``daskrl eval``: :func:`marl.mappo.evaluate_teams` with the request's episodes, seed and
-    mode; ``--opponent random`` makes the headline each trained team against random ones."""
-    if request.video_dir is not None:
-        raise ValueError("--video: MAPPO's batched multi-agent envs have no renderer here; "
-                         "drop --video")
+    mode; ``--opponent random`` makes the headline each trained team against random ones.
+    ``--video DIR`` also writes MP4s of up to three more episodes, the teams as trained
+    (:func:`marl.mappo_video.record_episodes`; needs the ``video`` extra)."""
     if request.env_id is not None and request.env_id != config.env:
         raise ValueError(f"--env {request.env_id!r}: a MAPPO run evaluates on the env it "
                          f"trained on ({config.env!r}); drop --env")
-    return evaluate_teams(config.env_spec(), config.model_spec(), weights, request.seed,
-                          request.episodes, request.deterministic, config.random(),
-                          opponent=request.opponent)
+    result: dict[str, Any] = evaluate_teams(
+        config.env_spec(), config.model_spec(), weights, request.seed, request.episodes,
+        request.deterministic, config.random(), opponent=request.opponent)
+    if request.video_dir is not None:
+        from marl.mappo_video import record_episodes
+
+        paths = record_episodes(config.env_spec(), config.model_spec(), weights,
+                                request.video_dir, request.seed, request.episodes,
+                                request.deterministic, config.random())
+        result["videos"] = [str(p) for p in paths]
+    return result
 
 
 def make_policy(config: Config, weights: dict, deterministic: bool) -> MAPPOPolicy:
