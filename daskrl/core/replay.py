@@ -23,6 +23,8 @@ class Replay(Protocol):
     an iteration, even if every step drew all its rows from this shard."""
     nbytes: int
     """Bytes it holds."""
+    save: bool
+    """Whether checkpoints hold its contents (``--no-save-replay`` turns it off)."""
 
     def __len__(self) -> int:
         """Transitions held."""
@@ -37,6 +39,14 @@ class Replay(Protocol):
 
     def update_priorities(self, indices: Any, priorities: Any) -> None:
         """Set the priorities of the transitions at ``indices``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Contents, priorities and sampling state for a checkpoint (CPU tensors and
+        plain numbers: checkpoints load with ``weights_only``)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (or a re-sharded state, see
+        :func:`daskrl.algos.replay.reshard`)."""
 
 
 class ReplayLearner(Protocol):
