@@ -101,7 +101,7 @@ def make_replay(config: Config, shard: int) -> PrioritizedReplay:
     rows = max(1, steps // max(1, config.train_frequency)) * config.batch_size
     capacity = -(-config.buffer_size // config.replay_shards)
     return PrioritizedReplay(capacity, config.prioritized_replay_alpha, seed=shard,
-                             sample_rows=rows)
+                             sample_rows=rows, save=config.save_replay)
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:

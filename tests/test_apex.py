@@ -6,13 +6,17 @@ and the run goes on; deterministic mode and oversized replays are refused in one
 from __future__ import annotations
 
 import csv
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from distributed import Client
 
 from daskrl.cluster.local import local_cluster
+from daskrl.core.placement import plan_placement
 from daskrl.core.resources import Resources
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
@@ -40,9 +44,9 @@ def client() -> Iterator[Client]:
 
 
 def _algo(**kw):
-    config = GRAPH.Config(num_actors=2, replay_shards=2, num_envs=2, num_steps=32,
-                          learning_starts=200, train_frequency=4, batch_size=32, hidden=32,
-                          eval_episodes=2, **kw)
+    config = GRAPH.Config(**{**dict(num_actors=2, replay_shards=2, num_envs=2, num_steps=32,
+                                    learning_starts=200, train_frequency=4, batch_size=32,
+                                    hidden=32, eval_episodes=2), **kw})
     return GRAPH.build(config).with_resources(
         {"replay": Resources(cpu=1, custom={"REPLAY": 1})})
 
@@ -70,7 +74,8 @@ def test_replay_shards_run_on_the_replay_worker(client, tmp_path):
         assert {w.split("@")[1] for w in r["replay_workers"].split(";")} == {"w2"}
         assert "w2" not in {w.split("@")[1] for w in r["rollout_workers"].split(";")}
         assert r["learner_worker"] != "w2"
-    assert [int(r["policy_lag"]) for r in rows] == [0, 1] * 3  # refreshed every 2 iterations
+    # refreshed every 2 iterations from the output one update before the newest (stale=1)
+    assert [int(r["policy_lag"]) for r in rows] == [0, 1, 1, 2, 1, 2]
     sizes = [int(r["replay_size"]) for r in rows]
     assert sizes == sorted(sizes) and int(rows[-1]["replay_size/0"]) > 0
     assert int(rows[-1]["replay_size/1"]) > 0
@@ -139,3 +144,79 @@ def test_a_replay_larger_than_worker_memory_is_refused_naming_the_flag(client, t
               RunSettings(out=tmp_path, steps=256, progress=False, tensorboard=False))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "metrics.csv").exists()  # refused before any task ran
+
+
+def test_actors_share_the_shards_workers_before_the_learners():
+    """On fewer workers than roles, one actor steps beside the shard (whose tasks take
+    milliseconds), not beside the learner; four actors on two workers go two and two."""
+    workers = {"w0": {"CPU": 1}, "w1": {"CPU": 1}}
+    for actors, expected in ((1, ("w0",)), (2, ("w0", "w1")), (4, ("w0", "w1") * 2)):
+        algo = GRAPH.build(GRAPH.Config(num_actors=actors))
+        place = plan_placement(get_distribution("apex").fragments(algo), workers)
+        assert place.workers["replay"] == ("w0",) and place.workers["learner"] == ("w1",)
+        assert place.workers["rollout"] == expected
+
+
+def _ckpt(out: Path, iteration: int) -> dict:
+    return torch.load(out / "checkpoints" / f"ckpt-{iteration:08d}.pt", weights_only=True)
+
+
+def _train(client, algo, out: Path, iterations: int, resume: bool = False, **kw) -> dict:
+    return train(client, algo, get_distribution("apex"),
+                 RunSettings(out=out, steps=iterations * algo.steps_per_iteration, seed=4,
+                             progress=False, tensorboard=False, eval=False, resume=resume,
+                             checkpoint_every=3, **kw))
+
+
+@pytest.fixture(scope="module")
+def saved_run(client, tmp_path_factory) -> Path:
+    """An apex run of 6 iterations whose checkpoints (every 3) hold its 2 shards."""
+    out = tmp_path_factory.mktemp("apex-saved")
+    _train(client, _algo(), out, 6)
+    return out
+
+
+def test_checkpoints_hold_the_shards_and_a_resume_restores_them(client, saved_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    saved = _ckpt(out, 6)["learner"]["replay_shards"]
+    last = _rows(out)[-1]
+    assert [int(s["size"]) for s in saved] == [int(last["replay_size/0"]),
+                                               int(last["replay_size/1"])]
+    assert all(int(s["size"]) > 0 for s in saved)
+    _train(client, _algo(), out, 9, resume=True)
+    rows = _rows(out)
+    first = rows[6]  # the first resumed iteration
+    assert int(first["replay_restored"]) == sum(int(s["size"]) for s in saved)
+    assert int(first["replay_lost"]) == 0
+    again = _ckpt(out, 9)["learner"]["replay_shards"]
+    for before, after in zip(saved, again, strict=True):  # the saved rows are still there
+        n = int(before["size"])
+        assert int(after["size"]) > n
+        np.testing.assert_array_equal(after["data"]["obs"][:n], before["data"]["obs"])
+        np.testing.assert_array_equal(after["leaves"][:n] > 0, True)
+
+
+def test_a_resume_with_another_shard_count_deals_the_saved_transitions(client, saved_run,
+                                                                     tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    saved = _ckpt(out, 6)["learner"]["replay_shards"]
+    _train(client, _algo(replay_shards=1), out, 7, resume=True)
+    first = _rows(out)[6]
+    assert int(first["replay_restored"]) == sum(int(s["size"]) for s in saved)
+    assert int(first["replay_lost"]) == 0 and not first.get("replay_size/1")
+    obs = np.concatenate([s["data"]["obs"] for s in saved])
+    after = _ckpt(out, 7)["learner"]["replay_shards"][0]["data"]["obs"]
+    assert {tuple(o) for o in obs.tolist()} <= {tuple(o) for o in after.tolist()}
+
+
+def test_without_saved_replay_a_resume_restarts_the_shards_empty(client, tmp_path):
+    algo = _algo(save_replay=False)
+    _train(client, algo, tmp_path, 3)
+    saved = _ckpt(tmp_path, 3)["learner"]["replay_shards"]
+    assert all(set(s) == {"size"} for s in saved)  # sizes only, no contents
+    _train(client, algo, tmp_path, 4, resume=True)
+    first = _rows(tmp_path)[3]
+    assert int(first["replay_restored"]) == 0
+    assert int(first["replay_lost"]) == sum(int(s["size"]) for s in saved) > 0

@@ -39,6 +39,9 @@ class IterationInputs:
     only when the distribution's ``iterations_per_task`` allowed it)."""
     schedule: tuple[int, float] = (0, 0.0)
     """Where the run's schedules go on from (``TaskContext.schedule``)."""
+    checkpoint: bool = False
+    """The run checkpoints this graph's output: a distribution that keeps run state outside
+    the learner (``apex``'s replay shards) puts it into that output's ``state``."""
 
     def context(self, role: str, replica: int) -> TaskContext:
         """The task context of one replica of ``role`` in this iteration."""

@@ -291,7 +291,9 @@ class RunLoop:
         s = self.settings
         return IterationInputs(self.algo, self.attempt.placement, self.attempt.run, s.seed,
                                iteration, self.total, self.learner_in, s.deterministic,
-                               s.env_retries, count, schedule=s.schedule)
+                               s.env_retries, count, schedule=s.schedule,
+                               checkpoint=(iteration + count) // s.checkpoint_every
+                               > iteration // s.checkpoint_every or iteration + count >= self.total)
 
     # ------------------------------------------------------------------ WAITING
 
