@@ -18,10 +18,13 @@ updating on the previous one (the host-side prefetch), so an update starts on da
 there. Each arrival gets the actor's next rollout submitted before the update runs.
 
 One iteration is ``num_actors`` updates, each on one rollout's batch as it arrives (the same
-env steps per iteration as under ``actors-learner``); a learner task runs one or several
-iterations (``iterations_per_task``), and the rollouts in flight outlive it: they are kept
-in worker-resident state on the learner's worker and taken up by the next learner task, so
-the pipeline does not drain between tasks. Only the run's last iteration cancels them.
+env steps per iteration as under ``actors-learner``). The learner runs on its own clock
+(:mod:`daskrl.distributions.learner_clock`): a loop resident on the learner's worker updates
+on batches staged on its device ahead of use (:mod:`daskrl.distributions.prefetch`), and
+learner tasks (one or several iterations each, ``iterations_per_task``) only collect its
+iterations, seceded from the worker's thread pool: the learner does not stop at task
+boundaries, nor wait for a rollout to free a worker thread. The rollouts in flight outlive
+every task; only the run's last iteration cancels them.
 
 V-trace corrects for the lag, which the metrics record per batch: ``policy_lags`` (in
 arrival order, ``<actor>:<lag>``, the lag being the learner's weights version minus the
@@ -30,12 +33,15 @@ version that acted, in updates), ``policy_lag`` (mean) and ``policy_lag_max``. W
 and its actor rolls out again. ``learner_busy`` is the share of an iteration's wall time
 (from the previous iteration's end) the learner spent updating (and handing the weights to
 its publisher); ``learner_wait_s`` is the time it waited for a batch, ``learner_idle_s`` the
-rest (its next task waiting for a worker thread or the driver). ``actors_for_busy``
+rest (the clock's bookkeeping, or its wait for a task when it ran a task's worth ahead);
+``learner_ahead`` how many of a task's iterations the clock had finished before the task
+came. ``actors_for_busy``
 estimates the actors that would keep the learner busy (:mod:`daskrl.observe.profile`
 suggests adding them).
 
-The machinery (rollout task, publisher, the learner's loop) is in
-:mod:`daskrl.distributions.free_running`.
+The machinery (rollout task, publisher, rollouts in flight) is in
+:mod:`daskrl.distributions.free_running`, the learner's loop in
+:mod:`daskrl.distributions.learner_clock`.
 
 A lost actor worker does not stop the run: rollouts are pinned to their actor's worker by
 name, and the learner asks the scheduler every
@@ -67,7 +73,8 @@ from daskrl.distributions.base import (
     to_bool,
     to_int,
 )
-from daskrl.distributions.free_running import ActorSpec, free_rollout, impala_learn
+from daskrl.distributions.free_running import ActorSpec, free_rollout
+from daskrl.distributions.learner_clock import impala_learn
 
 __all__ = ["Impala", "free_rollout", "impala_learn"]
 

@@ -1,0 +1,401 @@
+"""``impala``'s learner on its own clock: a resident learner loop that no task boundary stops.
+
+The learner task of :mod:`daskrl.distributions.impala` does not run the updates itself. The
+first one starts a :class:`LearnerClock` in its worker's resident state; the clock runs two
+threads of its own for the whole run, and every learner task (the first included) only asks
+it for iterations ``[i, i + count)`` and waits for them seceded
+(:func:`distributed.secede`), holding no thread slot of the worker:
+
+- the *feeder* keeps every actor's ``in_flight`` rollouts submitted, takes batches as they
+  land (:func:`distributed.as_completed`, which fetches and deserialises each in the
+  background), submits the actor's next rollout, and stages the batch on the learner's
+  device (:mod:`daskrl.distributions.prefetch`: pinned memory and a non-blocking copy on
+  CUDA) into a queue of depth :data:`PREFETCH`;
+- the *learner* takes staged batches and updates on each, publishing every new weights
+  version (:class:`~daskrl.distributions.free_running.Publisher`).
+
+Why a resident loop rather than a learner task that secedes and loops over batches: a task
+that secedes must still *start*, and each learner task starts on a worker thread that a
+rollout may hold (one thread per worker, actors on the learner's worker), then waits for the
+driver's next task, so the learner stood still at every task boundary; measured on 2
+workers with 2 actors, about half of the wall time (``benchmarks/impala.md``). The resident
+loop keeps updating while the next task waits for a thread: the clock may run up to one
+task's worth of iterations beyond the last task asked for (so a late task finds its
+iterations done: ``learner_ahead`` in the metrics counts them) and no further (a stopped
+driver does not leave it training). A ``distributed.Queue`` between feeder and learner was
+not used: the batches would pass through the scheduler (one more hop, and no recomputation
+of a batch lost with a worker); futures fetched by ``as_completed`` go worker to worker.
+
+The driver's contract is kept: a task returns ``LearnerOutput(learner_in.version + count,
+state, weights, metrics, history)``, the state being the learner's as it was after
+iteration ``i + count - 1`` (the clock snapshots it there, also when it has run beyond). A
+task whose ``learner_in`` is not where the clock delivered last (a resume, a retry from an
+earlier output, a new run) closes the clock and starts a fresh one from ``learner_in``. The
+clock closes itself after the run's last iteration, when the run is dropped from the worker
+(``drop_run`` closes resident objects), or after :data:`IDLE_S` without a task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from distributed import Future, as_completed, get_client, get_worker, secede
+
+from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.roles import TaskContext, pick_device, resident_learner
+from daskrl.core.worker_state import drop_key, resident
+from daskrl.distributions.async_grads import on_worker
+from daskrl.distributions.base import step_key
+from daskrl.distributions.free_running import (
+    MEMBERSHIP_S,
+    POLL_S,
+    ROLLOUT_PRIORITY,
+    ActorSpec,
+    IterationRecord,
+    Pipeline,
+    Publisher,
+    free_rollout,
+)
+from daskrl.distributions.prefetch import DeviceStager, Staged
+
+PREFETCH = 2
+"""Batches staged on the learner's device ahead of its update."""
+IDLE_S = 600.0
+"""A clock that no task asked anything of for this long closes (its driver is gone)."""
+
+
+class ClockClosed(RuntimeError):
+    """The clock was closed while a task waited on it."""
+
+
+class LearnerClock:
+    """A run's learner loop on the learner's worker (see the module docstring).
+
+    Parameters
+    ----------
+    client
+        The worker's client (the feeder and the publisher submit and publish with it).
+    ctx : TaskContext
+        The first learner task's context (run, seed, schedule; ``iteration`` = where the
+        clock starts).
+    algo : Algorithm
+    learner
+        The resident learner, in step with ``version``.
+    version : int
+        The ``LearnerOutput`` version the clock starts from.
+    actors, in_flight, max_lag
+        As :func:`impala_learn`.
+    """
+
+    def __init__(self, client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
+                 version: int, actors: Sequence[ActorSpec], in_flight: int,
+                 max_lag: int | None) -> None:
+        self.client, self.ctx, self.algo, self.learner = client, ctx, algo, learner
+        self.actors, self.in_flight, self.max_lag = tuple(actors), in_flight, max_lag
+        self.n = len(actors)
+        self.iteration = ctx.iteration  # the next iteration the learner runs
+        self.delivered = (ctx.iteration, version)  # where the next task must start
+        self.base = (ctx.iteration, version)
+        self.updates = version * self.n  # weights versions count updates
+        self.horizon = ctx.iteration  # the learner runs iterations below this
+        self.wanted = ctx.iteration  # the end of the latest task's iterations
+        self.records: dict[int, dict[str, Any]] = {}
+        self.snapshots: dict[int, dict[str, Any]] = {}
+        self.cond = threading.Condition()
+        self.closed = False
+        self.error: BaseException | None = None
+        self.asked = time.monotonic()
+        self.me = get_worker()
+        self.pipe = Pipeline(where={a: w for a, (w, _) in enumerate(actors)})
+        # a channel of its own: a closed clock's variables are deleted by a message that may
+        # reach the scheduler after this one set them
+        self.channel = f"{ctx.run}-{uuid.uuid4().hex[:8]}"
+        self.pipe.publisher = Publisher(client, self.channel, self.me.address)
+        self.pipe.publisher.publish_now(self.updates, learner.weights())
+        self.staged: queue.Queue[tuple[int, Staged]] = queue.Queue(maxsize=PREFETCH)
+        self.stager = DeviceStager(pick_device(ctx.gpu))
+        self.threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True,
+                                         name=f"impala-{fn.__name__.strip('_')}-{ctx.run}")
+                        for fn in (self._feed, self._learn)]
+        for thread in self.threads:
+            thread.start()
+
+    # ------------------------------------------------------------ the task's side
+    def matches(self, ctx: TaskContext, learner_in: LearnerOutput) -> bool:
+        """True when a task from ``learner_in`` at ``ctx.iteration`` continues this clock."""
+        return (not self.closed and self.error is None
+                and self.delivered == (ctx.iteration, learner_in.version))
+
+    def ask(self, ctx: TaskContext, count: int, actors: Sequence[ActorSpec]
+            ) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
+        """Wait for iterations ``[ctx.iteration, ctx.iteration + count)``; return their
+        metrics, the learner's state after them and how many of them the clock had
+        finished before it was asked."""
+        end = ctx.iteration + count
+        with self.cond:
+            self.actors = tuple(actors)  # the placement of this task (a resize moves them)
+            self.asked = time.monotonic()
+            ahead = min(count, self.iteration - ctx.iteration)
+            self.wanted = end
+            self.horizon = min(ctx.num_iterations, end + count)
+            self.cond.notify_all()
+            while self.iteration < end or end not in self.snapshots:
+                if self.error is not None:
+                    raise self.error
+                if self.closed:
+                    raise ClockClosed(f"the learner clock of run {ctx.run} was closed")
+                self.cond.wait(timeout=1.0)
+            history = [self.records.pop(i) for i in range(ctx.iteration, end)]
+            state = self.snapshots.pop(end)
+            for i in [i for i in self.snapshots if i < end]:
+                del self.snapshots[i]
+            self.delivered = (end, self.delivered[1] + count)
+        return history, state, max(0, ahead)
+
+    def close(self, wait: bool = False) -> None:
+        """Stop both threads; the feeder cancels the rollouts in flight and stops publishing
+        as it ends. ``wait``: until it has (not from the worker's event loop, where
+        ``drop_run`` calls this: the cancelling needs that loop)."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if wait:
+            for thread in self.threads:
+                if thread is not threading.current_thread():
+                    thread.join(timeout=60)
+
+    # ------------------------------------------------------------ the threads
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - raised in the task that waits
+            with self.cond:
+                if not self.closed:
+                    self.error = exc
+                self.closed = True  # the other thread stops too
+                self.cond.notify_all()
+        finally:
+            if fn == self._feed:  # the rollouts in flight and the publisher end with it
+                self.pipe.cancel(self.client)
+
+    def _actor_ctx(self, a: int) -> TaskContext:
+        return dataclasses.replace(self.ctx, replica=a, iteration=self.iteration, gpu=0.0)
+
+    def _submit(self, a: int) -> Future:
+        pipe = self.pipe
+        worker = pipe.where.get(a)
+        r = pipe.rounds.get(a, 0)
+        pipe.rounds[a] = r + 1
+        fut = self.client.submit(
+            free_rollout, self._actor_ctx(a), self.algo, None, self.channel, pure=False,
+            resources=self.actors[a][1], workers=[worker] if worker else None,
+            priority=ROLLOUT_PRIORITY,
+            key=step_key("rollout", a, self.iteration, r, self.ctx.run))
+        pipe.pending[fut.key] = (a, fut)
+        return fut
+
+    def _rehome(self) -> bool:
+        """Move actors whose worker left to a live one (back home once it is back); their
+        rollouts pinned to the lost worker are submitted again. True when any moved."""
+        pipe, me = self.pipe, str(self.me.name)
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        live = {str(w["name"]) for w in info.values()}
+        addresses = {str(w["name"]): a for a, w in info.items()}
+        restarted = {n for n, a in pipe.seen.items() if n in live and addresses[n] != a}
+        pipe.seen = addresses
+        homes = {a: w for a, (w, _) in enumerate(self.actors)}
+        moved = False
+        for a, home in homes.items():
+            if home is None:
+                continue
+            now = pipe.where.get(a)
+            want = home if home in live else (now if now in live else None)
+            if want is None:
+                others = sorted({w for w in homes.values() if w in live} - {me})
+                others = others or sorted(live - {me})
+                want = min(others, key=lambda w: list(pipe.where.values()).count(w),
+                           default=None)
+            if want == now and now not in restarted:
+                continue
+            pipe.where[a] = want
+            if now not in live or now in restarted:  # its rollouts wait for a lost process
+                lost = [k for k, (b, _) in pipe.pending.items() if b == a]
+                self.client.cancel([pipe.pending.pop(k)[1] for k in lost])
+                for _ in lost:
+                    self._submit(a)
+                moved = True
+        return moved
+
+    def _feed(self) -> None:
+        """Keep the rollouts in flight; stage each batch that lands on the device."""
+        pipe = self.pipe
+        self._rehome()  # where every worker is now (the addresses its pins become)
+        for a in range(self.n):
+            while pipe.in_flight(a) < self.in_flight:
+                self._submit(a)
+        arrivals = as_completed([f for _, f in pipe.pending.values()], with_results=True)
+        checked = time.monotonic()
+        while not self.closed:
+            if time.monotonic() - checked > MEMBERSHIP_S:
+                if self._rehome():
+                    arrivals = as_completed([f for _, f in pipe.pending.values()],
+                                            with_results=True)
+                checked = time.monotonic()
+            if not arrivals.has_ready():
+                time.sleep(POLL_S)
+                continue
+            fut, batch = next(arrivals)
+            if fut.key not in pipe.pending:  # cancelled by a rehome meanwhile
+                continue
+            a, _ = pipe.pending.pop(fut.key)
+            arrivals.add(self._submit(a))  # the actor's next rollout, before this update
+            staged = self.stager(batch)
+            while not self.closed:
+                try:
+                    self.staged.put((a, staged), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+
+    def _next_batch(self) -> tuple[int, Staged]:
+        while True:
+            if self.closed:
+                raise ClockClosed("closed")
+            if self.error is not None:
+                raise self.error
+            try:
+                return self.staged.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def _learn(self) -> None:
+        """Run iterations while below the horizon; snapshot where a task may end."""
+        n, ctx, learner = self.n, self.ctx, self.learner
+        publisher = self.pipe.publisher
+        assert publisher is not None
+        last_end = time.time()
+        while True:
+            with self.cond:
+                while self.iteration >= self.horizon and not self.closed:
+                    if time.monotonic() - self.asked > IDLE_S:
+                        self.closed = True  # nobody asks any more: the driver is gone
+                        self.cond.notify_all()
+                        break
+                    self.cond.wait(timeout=1.0)
+                if self.closed:
+                    break
+                it = self.iteration
+            rec = IterationRecord(last_end)
+            used = 0
+            while used < n:
+                t0 = time.time()
+                a, staged = self._next_batch()
+                batch = staged.ready()
+                rec.wait_s += time.time() - t0
+                lag = self.updates - int(batch["stats"]["policy_version"])
+                if self.max_lag is not None and lag > self.max_lag:
+                    rec.dropped += 1
+                    continue
+                t1 = time.time()
+                rec.metrics = learner.update([batch], min(1.0, ctx.progress(it + used / n)))
+                self.updates += 1
+                t2 = time.time()
+                publisher.offer(self.updates, learner.weights())
+                rec.update_s += t2 - t1
+                rec.publish_s += time.time() - t2
+                used += 1
+                rec.record(batch["stats"], a, lag)
+            metrics = rec.finish(self.updates, n, worker=str(self.me.name))
+            last_end = time.time()
+            snapshot = learner.state_dict() if it + 1 >= self.wanted else None
+            with self.cond:
+                self.records[it] = metrics
+                if snapshot is not None:
+                    self.snapshots[it + 1] = snapshot
+                self.iteration = it + 1
+                self.cond.notify_all()
+            if it + 1 >= ctx.num_iterations:  # the run's last: stop the actors
+                self.close()
+                return
+
+
+def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
+           actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None
+           ) -> tuple[LearnerClock, bool]:
+    """The run's clock on this worker, continuing or (re)started from ``learner_in``."""
+    clocks, _ = resident(("impala", "clocks"), dict)
+    clock = clocks.get(ctx.run)
+    if clock is not None and clock.matches(ctx, learner_in):
+        return clock, False
+    for old in list(clocks.values()):  # an earlier run or attempt: let go of what it left
+        old.close(wait=True)  # before this run's publisher sets its variables again
+    clocks.clear()
+    holder, built = resident_learner(ctx, algo, learner_in)
+    holder["version"] = None  # the clock moves it on: a later resident_learner reloads
+    clock = LearnerClock(client, ctx, algo, holder["learner"], learner_in.version, actors,
+                         in_flight, max_lag)
+    clocks[ctx.run] = clock
+    key = (ctx.run, "impala", "clock")
+    if resident(key, lambda: clock)[0] is not clock:  # an earlier attempt's, closed above
+        drop_key(key)
+        resident(key, lambda: clock)  # drop_run closes it
+    return clock, built
+
+
+def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
+                 actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None,
+                 count: int = 1) -> LearnerOutput:
+    """Role ``learner``: ``count`` iterations of ``len(actors)`` updates, each on one batch
+    as it lands, run by the run's :class:`LearnerClock` on this worker.
+
+    Outside a Dask worker (``--scheduler sync``) the actors take turns in this process,
+    each acting with the newest weights (lag 0).
+    """
+    if not on_worker():
+        return _in_turn(ctx, algo, learner_in, len(actors), count)
+    client = get_client()
+    secede()  # wait without holding a worker thread: rollouts may use it
+    clock, built = _clock(client, ctx, algo, learner_in, actors, in_flight, max_lag)
+    history, state, ahead = clock.ask(ctx, count, actors)
+    if ctx.iteration + count >= ctx.num_iterations:
+        clock.close()
+    metrics = history[-1]
+    metrics.update(learner_built=built, learner_ahead=ahead)
+    return LearnerOutput(learner_in.version + count, state, state["model"], metrics,
+                         history=history[:-1])
+
+
+def _in_turn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, n: int,
+             count: int) -> LearnerOutput:
+    """The actors in turn, in this thread (no Dask worker)."""
+    holder, built = resident_learner(ctx, algo, learner_in)
+    learner = holder["learner"]
+    updates = learner_in.version * n
+    history: list[dict[str, Any]] = []
+    for j in range(count):
+        rec = IterationRecord(time.time())
+        for a in range(n):
+            current = LearnerOutput(updates, {}, learner.weights())
+            t0 = time.time()  # the learner waits while the actor steps, in this thread
+            actor_ctx = dataclasses.replace(ctx, replica=a, iteration=ctx.iteration + j,
+                                            gpu=0.0)
+            batch = free_rollout(actor_ctx, algo, current)
+            t1 = time.time()
+            rec.wait_s += t1 - t0
+            rec.metrics = learner.update(
+                [batch], min(1.0, ctx.progress(ctx.iteration + j + a / n)))
+            rec.update_s += time.time() - t1
+            updates += 1
+            rec.record(batch["stats"], a, 0)
+        history.append(rec.finish(updates, n))
+    holder["version"] = learner_in.version + count
+    metrics = history[-1]
+    metrics["learner_built"] = built
+    return LearnerOutput(learner_in.version + count, learner.state_dict(), learner.weights(),
+                         metrics, history=history[:-1])

@@ -1,0 +1,114 @@
+"""``impala``'s learner on its own clock: batches staged on the learner's device update the
+learner exactly as the host batches do; the resident learner loop goes on between learner
+tasks, stops a task's worth ahead, restarts from an earlier output, and ends with the run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from distributed import Client
+
+from daskrl.algos.ppo import PPOHyper
+from daskrl.algos.vtrace import SequenceActor, VTraceLearner
+from daskrl.cluster.local import local_cluster
+from daskrl.core.algorithm import LearnerOutput
+from daskrl.core.roles import TaskContext
+from daskrl.core.script import load_graph
+from daskrl.core.worker_state import PLUGIN_NAME
+from daskrl.distributions.learner_clock import impala_learn
+from daskrl.distributions.prefetch import DeviceStager
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_staged_batch_updates_the_learner_as_the_host_batch_does() -> None:
+    actor = SequenceActor("CartPole-v1", num_envs=3, seed=0)
+    hp = PPOHyper(update_epochs=1, num_minibatches=1)
+    host, staged = (VTraceLearner(4, 2, seed=0, hp=hp) for _ in range(2))
+    actor.set_weights(host.weights(), 0)
+    batch = actor.rollout(16)
+    ready = DeviceStager("cpu")(batch).ready()
+    assert ready["stats"] is batch["stats"]
+    for key, value in batch.items():
+        if isinstance(value, np.ndarray):
+            assert torch.is_tensor(ready[key]) and ready[key].device.type == "cpu"
+            assert torch.equal(ready[key], torch.as_tensor(value)), key
+    for _ in range(2):
+        m_host, m_staged = host.update([batch], 0.0), staged.update([ready], 0.0)
+    assert m_host == m_staged
+    for key, value in host.weights().items():
+        assert torch.equal(value, staged.weights()[key]), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_batch_staged_on_cuda_is_the_host_batch() -> None:
+    batch = {"obs": np.random.default_rng(0).normal(size=(8, 32, 4)).astype(np.float32),
+             "actions": np.arange(256).reshape(8, 32), "stats": {"env_steps": 256}}
+    ready = DeviceStager("cuda")(batch).ready()
+    assert ready["obs"].is_cuda and ready["stats"] is batch["stats"]
+    assert torch.equal(ready["obs"].cpu(), torch.from_numpy(batch["obs"]))
+    assert torch.equal(ready["actions"].cpu(), torch.from_numpy(batch["actions"]))
+
+
+def _clock_position(run: str, dask_worker: Any = None) -> tuple[int, int, bool] | None:
+    objects = dask_worker.plugins[PLUGIN_NAME].objects
+    clock = objects.get(("impala", "clocks"), {}).get(run)
+    if clock is None:
+        return None
+    return clock.iteration, clock.horizon, any(t.is_alive() for t in clock.threads)
+
+
+def _wait(predicate: Any, what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_learner_runs_between_tasks_and_no_further_than_a_task_ahead() -> None:
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=8))
+    learner = algo.make_learner(0, "cpu")
+    start = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
+    run, total = "clocktest", 10
+    with local_cluster([{"CPU": 1}, {"CPU": 1}], processes=False,
+                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        names = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}
+        home = names["w0"]
+        actors = (("w1", {"CPU": 1}),) * 2
+
+        def learn(out: LearnerOutput, first: int, count: int) -> LearnerOutput:
+            ctx = TaskContext(run, 0, 0, first, total)
+            return client.submit(impala_learn, ctx, algo, out, actors, 2, None, count,
+                                 workers=[home], pure=False).result(timeout=120)
+
+        def position() -> tuple[int, int, bool] | None:
+            return client.run(_clock_position, run, workers=[home])[home]
+
+        first = learn(start, 0, 2)
+        assert first.version == 2 and len(first.history) == 1
+        assert [len(m["policy_lags"].split()) for m in [*first.history, first.metrics]] == [2, 2]
+        # no task runs now, yet the learner goes on: up to one task's worth ahead, no further
+        _wait(lambda: (position() or (0,))[0] >= 4, f"the clock stood still: {position()}")
+        time.sleep(1.0)
+        assert position() == (4, 4, True)
+        second = learn(first, 2, 2)
+        assert second.version == 4 and second.metrics["learner_ahead"] == 2
+        assert second.metrics["learner_worker"] == "w0"
+        # a task from an earlier output (a retry) restarts the clock from that output
+        retry = learn(first, 2, 2)
+        assert retry.version == 4 and retry.metrics["learner_ahead"] == 0
+        assert retry.metrics["learner_built"] is False  # the resident learner, reloaded
+        last = learn(retry, 4, total - 4)
+        assert last.version == total and len(last.history) == total - 5
+        # the run's last task closes the clock: its threads end and its rollouts are let go
+        _wait(lambda: not position()[2], f"the clock's threads go on: {position()}")
+        _wait(lambda: not client.run_on_scheduler(
+            lambda dask_scheduler: [k for k in dask_scheduler.tasks
+                                    if str(k).startswith("rollout-")]),
+            "rollouts were left in flight")
