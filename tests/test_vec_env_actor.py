@@ -176,3 +176,31 @@ def test_gaussian_actor_clips_actions_and_scales_rewards_by_the_return_statistic
     adv, _ = gae(rewards / np.sqrt(4.0 + 1e-8), values, np.concatenate([values[1:], last[None]]),
                  no, no, gamma, lam)
     np.testing.assert_allclose(batch["advantages"], adv.reshape(-1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "daskrl-test/Short-v0"])
+def test_vector_env_without_infos_steps_as_gymnasium_does(env_id):
+    """The actors' info-less vector env returns gymnasium's SyncVectorEnv results bit for bit,
+    across next-step auto-resets (Pendulum truncates at 200 steps, Short-v0 ends early)."""
+    if env_id.startswith("daskrl-test") and env_id not in gym.registry:
+        gym.register(env_id, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                     max_episode_steps=8)
+    ours = make_vector_env(env_id, 3, seed=4, infos=False)
+    theirs = make_vector_env(env_id, 3, seed=4)
+    assert type(ours) is not type(theirs)
+    np.testing.assert_array_equal(ours.reset(seed=4)[0], theirs.reset(seed=4)[0])
+    rng = np.random.default_rng(0)
+    space = theirs.single_action_space
+    resets = 0
+    for _ in range(450):
+        if isinstance(space, gym.spaces.Box):
+            actions = rng.uniform(space.low, space.high, (3, *space.shape)).astype(space.dtype)
+        else:
+            actions = rng.integers(space.n, size=3)
+        got, want = ours.step(actions), theirs.step(actions)
+        assert got[4] == {}
+        for a, b in zip(got[:4], want[:4], strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+        resets += int((want[2] | want[3]).sum())
+    assert resets >= 3

@@ -76,7 +76,7 @@ class EnvRunner:
 
     def __init__(self, env_id: str, num_envs: int, seed: int, step_cost: float = 0.0,
                  backend: Backend = "gymnasium") -> None:
-        self.env = make_vector_env(env_id, num_envs, seed, backend)
+        self.env = make_vector_env(env_id, num_envs, seed, backend, infos=False)  # unread
         self.obs, _ = self.env.reset(seed=seed)
         space = self.env.single_action_space
         self.bounds = ((space.low, space.high) if isinstance(space, gym.spaces.Box) else None)
@@ -191,9 +191,11 @@ class RolloutRecorder:
             self._grow()
         self.obs[t] = obs
         actions, logp, values = self.net.act(self.obs[t], self.generator)
-        self.actions[t], self.logp[t], self.values[t] = actions, logp, values
+        actions = actions.numpy(force=True)  # force: also from a GPU (central inference)
+        self.actions[t], self.logp[t] = actions, logp.numpy(force=True)
+        self.values[t] = values.numpy(force=True)
         self.inference_s += time.perf_counter() - t0
-        return self.actions[t].copy()  # the buffer is reused by the next rollout
+        return actions  # its own array: the buffer is reused by the next rollout
 
     def record(self, step: EnvStep) -> None:
         """Record what the envs returned for step ``t`` and advance to ``t + 1``."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,6 +124,27 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self._scale: tuple[Tensor, Tensor, np.ndarray] | None = None
+        """float32 mean and std, and the numpy std, for the statistics as they are: an actor
+        normalises every step with statistics that change once per update, so they are
+        converted once (dropped by :meth:`update`, a loaded ``state_dict`` and ``.to``)."""
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._scale = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> RunningMeanStd:
+        self._scale = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def scale(self) -> tuple[Tensor, Tensor, np.ndarray]:
+        """``mean`` and ``sqrt(var + EPS)`` as float32 tensors, and that std as numpy."""
+        if self._scale is None:
+            with torch.inference_mode(False), torch.no_grad():  # usable under autograd too
+                mean = self.mean.to(torch.float32)
+                std = torch.sqrt(self.var.to(torch.float32) + self.eps)
+            self._scale = (mean, std, np.sqrt(self.var.cpu().numpy() + EPS))
+        return self._scale
 
     def moments(self) -> Moments:
         """The statistics so far as :class:`Moments`."""
@@ -135,16 +157,20 @@ class RunningMeanStd(nn.Module):
         self.mean.copy_(torch.as_tensor(merged.mean))
         self.var.copy_(torch.as_tensor(merged.var))
         self.count.fill_(merged.count)
+        self._scale = None
 
     def std(self) -> np.ndarray:
         """``sqrt(var + EPS)`` as numpy (what rewards are divided by)."""
-        return np.sqrt(self.var.cpu().numpy() + EPS)
+        return self.scale()[2]
 
     def forward(self, x: Tensor) -> Tensor:
         """``(x - mean) / sqrt(var + EPS)``, clipped to +-``clip``, float32."""
-        mean, var = self.mean.to(torch.float32), self.var.to(torch.float32)
-        return ((x.to(torch.float32) - mean) / torch.sqrt(var + self.eps)).clamp(-self.clip,
-                                                                                 self.clip)
+        if torch.jit.is_scripting():  # an exported policy: no Python-side cache
+            mean = self.mean.to(torch.float32)
+            std = torch.sqrt(self.var.to(torch.float32) + self.eps)
+        else:
+            mean, std = self.scale()[:2]
+        return ((x.to(torch.float32) - mean) / std).clamp(-self.clip, self.clip)
 
 
 def shifted_sums(batch: Moments, center: np.ndarray) -> np.ndarray:

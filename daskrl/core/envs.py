@@ -8,6 +8,7 @@ uint8 observations of shape ``(4, 84, 84)``, what the Nature-DQN CNN head takes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -110,14 +111,55 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     return env
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int, backend: Backend = "gymnasium"
-                    ) -> Any:
+class SyncVectorEnvNoInfo(gym.vector.SyncVectorEnv):
+    """gymnasium's ``SyncVectorEnv`` whose ``step`` returns no infos (``{}``).
+
+    Merging every env's info dict into the vector info (``_add_info``) and the generic
+    ``iterate``/``concatenate`` over the spaces cost about as much per step as a MuJoCo
+    step; an actor that reads none of it skips them. Observations, rewards, terminations,
+    truncations and the next-step auto-reset are gymnasium's, bit for bit (other auto-reset
+    modes and non-array observations take gymnasium's own ``step``).
+
+    Examples
+    --------
+    >>> env = SyncVectorEnvNoInfo([partial(make_env, "CartPole-v1")] * 2)
+    >>> _ = env.reset(seed=0)
+    >>> obs, rew, term, trunc, info = env.step(np.zeros(2, np.int64))
+    >>> obs.shape, info
+    ((2, 4), {})
+    """
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Step every env (resetting those that finished at the previous step)."""
+        out = self._observations
+        if (self.autoreset_mode != gym.vector.AutoresetMode.NEXT_STEP
+                or not isinstance(out, np.ndarray)):
+            obs, rew, term, trunc, _ = super().step(actions)
+            return obs, rew, term, trunc, {}
+        rewards, terms, truncs = self._rewards, self._terminations, self._truncations
+        for i, env in enumerate(self.envs):
+            if self._autoreset_envs[i]:
+                obs, _ = env.reset()
+                rewards[i], terms[i], truncs[i] = 0.0, False, False
+            else:
+                obs, rewards[i], terms[i], truncs[i], _ = env.step(actions[i])
+            self._env_obs[i] = obs
+            out[i] = obs
+        self._autoreset_envs = terms | truncs
+        return (out.copy() if self.copy else out, rewards.copy(), terms.copy(), truncs.copy(),
+                {})
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int, backend: Backend = "gymnasium",
+                    infos: bool = True) -> Any:
     """A vector env of ``num_envs`` copies, numpy-vectorised when the env offers it.
 
     Uses the env's own vector entry point (e.g. CartPole's numpy implementation) when it
     has one, else a synchronous vector env; ``backend="envpool"`` steps EnvPool's C++ envs
     instead (:class:`EnvPoolVectorEnv`). Auto-reset follows gymnasium's default next-step
     mode (EnvPool's too): the step after an episode ends returns the reset observation.
+    ``infos=False``: ``step`` returns an empty info dict (:class:`SyncVectorEnvNoInfo`, for
+    callers that read none).
 
     Examples
     --------
@@ -135,10 +177,25 @@ def make_vector_env(env_id: str, num_envs: int, seed: int, backend: Backend = "g
     if gym.spec(env_id).vector_entry_point is not None and not is_atari(env_id):
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
     else:  # module-level env makers, so the vector env pickles (deterministic snapshots)
-        env = gym.vector.SyncVectorEnv([partial(make_env, env_id) for _ in range(num_envs)])
+        vec = gym.vector.SyncVectorEnv if infos else SyncVectorEnvNoInfo
+        env = vec([partial(make_env, env_id) for _ in range(num_envs)])
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one).
+
+    Examples
+    --------
+    >>> usable_cpus() >= 1
+    True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS, Windows)
+        return os.cpu_count() or 1
 
 
 def envpool_id(env_id: str) -> str:
@@ -184,9 +241,11 @@ class EnvPoolVectorEnv:
             hint = f" (it has {', '.join(close)})" if close else ""
             raise ValueError(f"env {env_id!r} is not in EnvPool{hint}: use --env-backend "
                              "gymnasium")
-        # EnvPool takes an int32 seed; replica seeds are drawn from [0, 2**32)
+        # EnvPool takes an int32 seed; replica seeds are drawn from [0, 2**32). Its default
+        # is a thread per env: more threads than this process's CPUs only contend for them.
+        self.num_threads = min(num_envs, usable_cpus())
         self.env = envpool.make(task, env_type="gymnasium", num_envs=num_envs,
-                                seed=seed % 2**31)
+                                seed=seed % 2**31, num_threads=self.num_threads)
         self.num_envs = num_envs
         self.single_observation_space = self.env.observation_space
         self.single_action_space = self.env.action_space
