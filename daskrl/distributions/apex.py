@@ -53,6 +53,7 @@ from typing import Any, cast
 
 from dask.delayed import Delayed
 
+from daskrl.algos.replay import reshard
 from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput
 from daskrl.core.fragment import Fragment
 from daskrl.core.placement import task
@@ -114,6 +115,7 @@ def restore_shard(buffer: Replay, saved: Sequence[Mapping[str, Any]], shard: int
 
     Examples
     --------
+    >>> import numpy as np
     >>> from daskrl.algos.replay import PrioritizedReplay
     >>> old = PrioritizedReplay(8); old.add({"x": np.arange(5.0)}, np.ones(5))
     >>> new = PrioritizedReplay(8)
@@ -122,8 +124,6 @@ def restore_shard(buffer: Replay, saved: Sequence[Mapping[str, Any]], shard: int
     >>> restore_shard(PrioritizedReplay(8), [{"size": 5}], 0, 1)  # saved without contents
     (0, 5)
     """
-    from daskrl.algos.replay import reshard  # algos may be imported by distributions
-
     sizes = [int(s["size"]) for s in saved]
     held = sizes[shard] if len(saved) == shards else len(range(shard, sum(sizes), shards))
     if not all("data" in s for s in saved):
