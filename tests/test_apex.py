@@ -220,3 +220,17 @@ def test_without_saved_replay_a_resume_restarts_the_shards_empty(client, tmp_pat
     first = _rows(tmp_path)[3]
     assert int(first["replay_restored"]) == 0
     assert int(first["replay_lost"]) == sum(int(s["size"]) for s in saved) > 0
+
+
+def test_more_actors_than_workers_run_and_only_a_replay_too_large_is_refused(client, tmp_path):
+    algo = _algo(num_actors=4)  # 4 actors, 2 shards, a learner on 3 workers
+    train(client, algo, get_distribution("apex"),
+          RunSettings(out=tmp_path / "ok", steps=3 * algo.steps_per_iteration, seed=5,
+                      progress=False, tensorboard=False, eval=False))
+    rows = _rows(tmp_path / "ok")
+    assert len(rows) == 3 and int(rows[-1]["iteration_env_steps"]) > 0
+    big = _algo(num_actors=4, buffer_size=2_000_000_000)
+    with pytest.raises(MemoryBudgetError, match=r"replay .*--buffer-size") as info:
+        train(client, big, get_distribution("apex"),
+              RunSettings(out=tmp_path / "big", steps=256, progress=False, tensorboard=False))
+    assert "\n" not in str(info.value)
