@@ -16,14 +16,10 @@ from functools import partial
 import numpy as np
 
 from daskrl import Algorithm, Resources, setting
-from daskrl.algos.dqn import (
-    DQNHyper,
-    DQNLearner,
-    QActor,
-    discrete_dims,
-    q_policy,
-)
+from daskrl.algos.dqn_learner import DQNHyper, DQNLearner
 from daskrl.algos.evaluation import evaluate_module
+from daskrl.algos.q_actor import QActor
+from daskrl.algos.qnet import discrete_dims, q_policy
 from daskrl.algos.replay import PrioritizedReplay, transition_nbytes
 from daskrl.core.sizes import Sizes, mlp_params
 

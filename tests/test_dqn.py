@@ -98,7 +98,8 @@ def test_continuous_env_is_refused_in_one_line(tmp_path):
 
 
 def test_without_save_replay_a_resume_says_the_buffer_restarts_empty(capsys):
-    from daskrl.algos.dqn import DQNHyper, DQNLearner, QActor
+    from daskrl.algos.dqn_learner import DQNHyper, DQNLearner
+    from daskrl.algos.q_actor import QActor
 
     hyper = DQNHyper(save_replay=False, learning_starts=10, batch_size=8)
     learner = DQNLearner(4, 2, seed=0, hidden=(8,), hyper=hyper)
@@ -115,3 +116,56 @@ def test_without_save_replay_a_resume_says_the_buffer_restarts_empty(capsys):
     again = DQNLearner(4, 2, seed=2, hidden=(8,), hyper=DQNHyper())
     again.load_state_dict(saved.state_dict())
     assert len(again.replay) == len(saved.replay) > 0
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_update_matches_one_gradient_step_at_a_time(double_q):
+    """The learner's fast path (one sample per iteration, the target's Q of a whole segment in
+    one pass, fused Adam) takes the same steps as a plain loop: per step its own minibatch,
+    the target's forward, Huber loss, clipping, Adam, and the hard target update after the
+    steps that cross ``target_network_frequency`` env steps."""
+    import copy
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from daskrl.algos.dqn_learner import DQNHyper, DQNLearner
+    from daskrl.algos.q_actor import QActor
+    from daskrl.algos.qnet import q_and_target
+
+    hyper = DQNHyper(learning_starts=0, batch_size=8, train_frequency=2,
+                     target_network_frequency=8, double_q=double_q, learning_rate=1e-2,
+                     max_grad_norm=0.5)
+    learner = DQNLearner(4, 2, seed=0, hidden=(16,), hyper=hyper)
+    actor = QActor("CartPole-v1", 2, seed=0, hidden=(16,))
+    fill = actor.rollout(32)
+    fill["stats"]["env_steps"] = 0  # added, no gradient step
+    learner.update([fill], 0.1)
+    batch = actor.rollout(8)
+    batch["stats"]["env_steps"] = 16  # 8 gradient steps; the target updates after the 4th, 8th
+    replay, net = copy.deepcopy(learner.replay), copy.deepcopy(learner.net)
+    target = copy.deepcopy(learner.target)
+    opt = torch.optim.Adam(net.parameters(), lr=hyper.learning_rate, foreach=False)
+    assert learner.update([batch], 0.1)["gradient_steps"] == 8
+
+    replay.add(batch)
+    sample = replay.sample(8 * 8)
+    for i in range(8):
+        rows = slice(8 * i, 8 * (i + 1))
+        b = {k: torch.as_tensor(np.asarray(sample[k][rows])) for k in
+             ("obs", "actions", "rewards", "next_obs", "discounts")}
+        with torch.no_grad():
+            next_target = target(b["next_obs"])
+        q, target_q = q_and_target(net, b["obs"], b["next_obs"], b["actions"], b["rewards"],
+                                   b["discounts"], next_target, double_q)
+        loss = F.smooth_l1_loss(q, target_q)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), hyper.max_grad_norm, foreach=False)
+        opt.step()
+        if i in (3, 7):
+            target.q.load_state_dict(net.q.state_dict())
+    for mine, ref in ((learner.net.q, net.q), (learner.target.q, target.q)):
+        for a, b in zip(mine.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
