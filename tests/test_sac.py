@@ -90,3 +90,60 @@ def test_twin_q_targets_use_the_smaller_critic():
     q1v, q2v = learner.qf(torch.zeros(4, 3), torch.zeros(4, 1))
     expected = ((q1v + 49) ** 2).mean() + ((q2v + 49) ** 2).mean()
     assert out["losses/qf_loss"] == pytest.approx(float(expected), rel=1e-4), q1
+
+
+def test_gradient_step_matches_cleanrl_maths():
+    """Two steps of the learner (fused Adam, the actor's loss differentiated for the actor
+    only, Polyak with one call) leave the same networks as CleanRL's plain loop."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from daskrl.algos.sac import SACHyper, SACLearner
+
+    hyper = SACHyper(tau=0.1, policy_lr=1e-2, q_lr=1e-2)
+    learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(16,), hyper=hyper)
+    actor, qf = copy.deepcopy(learner.actor), copy.deepcopy(learner.qf)
+    qf_target = copy.deepcopy(learner.qf_target)
+    log_alpha = learner.log_alpha.detach().clone().requires_grad_(True)
+    q_opt = torch.optim.Adam(qf.parameters(), lr=hyper.q_lr, foreach=False)
+    actor_opt = torch.optim.Adam(actor.body.parameters(), lr=hyper.policy_lr, foreach=False)
+    a_opt = torch.optim.Adam([log_alpha], lr=hyper.q_lr, foreach=False)
+    rng = np.random.default_rng(0)
+    samples = [{"obs": rng.normal(size=(8, 3)).astype(np.float32),
+                "actions": rng.uniform(-2, 2, (8, 1)).astype(np.float32),
+                "rewards": rng.normal(size=8).astype(np.float32),
+                "next_obs": rng.normal(size=(8, 3)).astype(np.float32),
+                "discounts": np.full(8, 0.99, np.float32)} for _ in range(2)]
+    for k, sample in enumerate(samples):
+        torch.manual_seed(k)
+        learner.gradient_step(sample)
+        torch.manual_seed(k)
+        obs, act, rew, nxt, disc = (torch.as_tensor(sample[f]) for f in (
+            "obs", "actions", "rewards", "next_obs", "discounts"))
+        alpha = log_alpha.exp().detach()
+        with torch.no_grad():
+            next_act, next_logp = actor.sample(nxt)
+            t1, t2 = qf_target(nxt, next_act)
+            target = rew + disc * (torch.min(t1, t2) - alpha * next_logp)
+        q1, q2 = qf(obs, act)
+        q_opt.zero_grad()
+        (F.mse_loss(q1, target) + F.mse_loss(q2, target)).backward()
+        q_opt.step()
+        pi, logp = actor.sample(obs)
+        p1, p2 = qf(obs, pi)
+        actor_opt.zero_grad()
+        (alpha * logp - torch.min(p1, p2)).mean().backward()
+        actor_opt.step()
+        with torch.no_grad():
+            _, logp = actor.sample(obs)
+        a_opt.zero_grad()
+        (-log_alpha.exp() * (logp + learner.target_entropy)).mean().backward()
+        a_opt.step()
+        with torch.no_grad():
+            for t, p in zip(qf_target.parameters(), qf.parameters(), strict=True):
+                t.mul_(1 - hyper.tau).add_(p, alpha=hyper.tau)
+    for mine, ref in ((learner.actor, actor), (learner.qf, qf), (learner.qf_target, qf_target)):
+        for a, b in zip(mine.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(learner.log_alpha.detach(), log_alpha.detach())

@@ -2,6 +2,11 @@
 entropy tuning (CleanRL's ``sac_continuous_action`` maths), with its replay resident in the
 learner as DQN's is (:mod:`daskrl.algos.dqn`).
 
+The learner takes an iteration's minibatches from the replay in one sample, steps fused Adam
+optimisers, moves the target critics with one call and reads its losses once per iteration
+(:mod:`daskrl.algos.offpolicy`); the actor's loss is differentiated for the actor's
+parameters only (the critics' gradients of it were never used).
+
 Until the replay holds ``learning_starts`` transitions the actors act uniformly at random:
 the learner says so through a buffer of the policy (``explore``) that travels with the
 weights, as DQN's epsilon does.
@@ -12,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.dqn import TransitionCollector, relu_mlp
+from daskrl.algos.offpolicy import TensorMeans, adam, as_tensors, minibatches, polyak_
+from daskrl.algos.qnet import linear_layers, mlp_forward, relu_mlp
 from daskrl.algos.replay import make_replay
+from daskrl.algos.transitions import TransitionCollector
 
 Batch = dict[str, Any]
+FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
@@ -75,6 +84,7 @@ class SquashedGaussian(nn.Module):
         super().__init__()
         act_dim = len(low)
         self.body = relu_mlp(obs_dim, 2 * act_dim, hidden)
+        self.linears = linear_layers(self.body)
         low_t, high_t = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(
             high, dtype=torch.float32)
         self.register_buffer("scale", (high_t - low_t) / 2)
@@ -84,7 +94,7 @@ class SquashedGaussian(nn.Module):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and log-std (bounded) of the pre-squash Gaussian."""
-        mean, log_std = self.body(obs.reshape(obs.shape[0], -1)).chunk(2, dim=-1)
+        mean, log_std = mlp_forward(self.linears, obs.reshape(obs.shape[0], -1)).chunk(2, dim=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
@@ -133,11 +143,13 @@ class TwinQ(nn.Module):
         super().__init__()
         self.q1 = relu_mlp(obs_dim + act_dim, 1, hidden)
         self.q2 = relu_mlp(obs_dim + act_dim, 1, hidden)
+        self.linears = (linear_layers(self.q1), linear_layers(self.q2))
 
     def forward(self, obs: Tensor, act: Tensor) -> tuple[Tensor, Tensor]:
         """Both Q-values, each ``[B]``."""
         x = torch.cat([obs.reshape(obs.shape[0], -1), act.reshape(act.shape[0], -1)], -1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+        return (mlp_forward(self.linears[0], x).squeeze(-1),
+                mlp_forward(self.linears[1], x).squeeze(-1))
 
 
 class SACActor:
@@ -237,13 +249,16 @@ class SACLearner:
         self.actor = SquashedGaussian(obs_dim, low, high, hidden).to(device)
         self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
         self.qf_target = copy.deepcopy(self.qf)
-        self.q_optimizer = torch.optim.Adam(self.qf.parameters(), lr=hyper.q_lr)
-        self.actor_optimizer = torch.optim.Adam(self.actor.body.parameters(), lr=hyper.policy_lr)
+        self.q_params = list(self.qf.parameters())
+        self.target_params = list(self.qf_target.parameters())
+        self.actor_params = list(self.actor.body.parameters())
+        self.q_optimizer = adam(self.q_params, hyper.q_lr)
+        self.actor_optimizer = adam(self.actor_params, hyper.policy_lr)
         self.target_entropy = -float(len(low))
         self.log_alpha = torch.zeros(1, requires_grad=True, device=device)
         if not hyper.autotune:
             self.log_alpha.data.fill_(math.log(hyper.alpha))
-        self.a_optimizer = torch.optim.Adam([self.log_alpha], lr=hyper.q_lr)
+        self.a_optimizer = adam([self.log_alpha], hyper.q_lr)
         self.replay = make_replay(hyper.buffer_size, False, seed=seed)
         self.env_steps = 0
         self.gradient_steps = 0
@@ -256,42 +271,47 @@ class SACLearner:
             self.replay.add(batch)
         before = self.env_steps
         self.env_steps += sum(int(b["stats"]["env_steps"]) for b in batches)
-        parts: list[dict[str, float]] = []
+        means = TensorMeans()
         random_actions = float(self.actor.explore)  # what this update's batches acted with
+        steps = 0
         if len(self.replay) >= max(1, h.learning_starts):
             self.actor.explore.fill_(0.0)
             tf = max(1, h.train_frequency)
-            for _ in range(before // tf + 1, self.env_steps // tf + 1):
-                parts.append(self.gradient_step(self.replay.sample(h.batch_size)))
-        metrics = {k: float(np.mean([p[k] for p in parts if k in p]))
-                   for k in sorted({k for p in parts for k in p})}
-        metrics.update(gradient_steps=len(parts), learner_env_steps=self.env_steps,
+            steps = self.env_steps // tf - before // tf
+            if steps:
+                mb = minibatches(self.replay, steps, h.batch_size, FIELDS, self.device)
+                for i in range(steps):
+                    self._step({k: v[i] for k, v in mb.items()}, means)
+        metrics = {f"losses/{k}": v for k, v in means.means().items()}
+        metrics.update(gradient_steps=steps, learner_env_steps=self.env_steps,
                        random_actions=random_actions,
                        replay_size=len(self.replay), replay_bytes=self.replay.nbytes,
                        replay_capacity=self.replay.capacity)
         return metrics
 
-    def gradient_step(self, sample: Batch) -> dict[str, float]:
+    def gradient_step(self, sample: Mapping[str, Any]) -> dict[str, float]:
+        """One gradient step on ``sample`` (see :meth:`_step`); its losses and values."""
+        means = TensorMeans()
+        self._step(as_tensors(sample, FIELDS, self.device), means)
+        return {f"losses/{k}": v for k, v in means.means().items()}
+
+    def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step; every ``policy_frequency`` steps as many actor (and temperature)
         steps; then the targets move by Polyak averaging."""
-        h, dev = self.hyper, self.device
-        obs = torch.as_tensor(sample["obs"], device=dev).float()
-        act = torch.as_tensor(sample["actions"], device=dev).float()
-        rew = torch.as_tensor(sample["rewards"], device=dev).float()
-        nxt = torch.as_tensor(sample["next_obs"], device=dev).float()
-        disc = torch.as_tensor(sample["discounts"], device=dev).float()
+        h = self.hyper
+        obs, act, nxt = b["obs"], b["actions"], b["next_obs"]
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():
             next_act, next_logp = self.actor.sample(nxt)
             t1, t2 = self.qf_target(nxt, next_act)
-            target = rew + disc * (torch.min(t1, t2) - alpha * next_logp)
+            target = b["rewards"] + b["discounts"] * (torch.min(t1, t2) - alpha * next_logp)
         q1, q2 = self.qf(obs, act)
         qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         self.q_optimizer.zero_grad()
         qf_loss.backward()
         self.q_optimizer.step()
-        out = {"losses/qf_loss": float(qf_loss.detach()), "losses/qf1_values":
-               float(q1.detach().mean())}
+        means.add("qf_loss", qf_loss)
+        means.add("qf1_values", q1)
         self.gradient_steps += 1
         if self.gradient_steps % h.policy_frequency == 0:
             for _ in range(h.policy_frequency):  # delayed, then as many (CleanRL)
@@ -299,7 +319,8 @@ class SACLearner:
                 p1, p2 = self.qf(obs, pi)
                 actor_loss = (alpha * logp - torch.min(p1, p2)).mean()
                 self.actor_optimizer.zero_grad()
-                actor_loss.backward()
+                # the actor's gradients only: the critics' would be cleared unused
+                torch.autograd.backward(actor_loss, inputs=self.actor_params)
                 self.actor_optimizer.step()
                 if h.autotune:
                     with torch.no_grad():
@@ -309,13 +330,10 @@ class SACLearner:
                     alpha_loss.backward()
                     self.a_optimizer.step()
                     alpha = self.log_alpha.exp().detach()
-            out.update({"losses/actor_loss": float(actor_loss.detach()),
-                        "losses/alpha": float(alpha)})
+            means.add("actor_loss", actor_loss)
+            means.add("alpha", alpha)
         if self.gradient_steps % h.target_network_frequency == 0:
-            with torch.no_grad():
-                for t, p in zip(self.qf_target.parameters(), self.qf.parameters(), strict=True):
-                    t.mul_(1 - h.tau).add_(p, alpha=h.tau)
-        return out
+            polyak_(self.target_params, self.q_params, h.tau)
 
     def weights(self) -> dict[str, Tensor]:
         """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
