@@ -25,9 +25,10 @@ from daskrl.cluster.local import configure_dask, default_worker_resources, local
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.script import load_graph
 from daskrl.distributions import Distribution, get_distribution
-from daskrl.runtime.backend import DaskBackend, Handle
+from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, check_distribution, check_settings
 from daskrl.runtime.driver import train as train_run
+from daskrl.runtime.engine import Handle
 
 
 class StopRequested(Exception):

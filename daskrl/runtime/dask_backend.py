@@ -1,0 +1,195 @@
+"""A ``distributed.Client`` as the driver's :class:`~daskrl.runtime.engine.Backend`:
+submitting graphs, waiting for them, and asking the scheduler (workers, identities, memory
+limits, activity, restarts) with a lost connection turned into one line saying how to go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from dask.delayed import Delayed
+from distributed import Client, wait
+
+from daskrl.cluster.local import (
+    scheduler_workers,
+    worker_id,
+    worker_processes,
+    worker_resources,
+)
+from daskrl.core.fragment import Fragment
+from daskrl.core.worker_state import register as register_resident_state
+from daskrl.runtime.engine import Activity, Handle
+from daskrl.runtime.membership import MEMBERSHIP_TOPIC, Membership, MembershipPlugin
+from daskrl.runtime.scheduler_calls import (
+    TaskClock,
+    expected_restrictions,
+    scheduler_activity,
+    scheduler_restart,
+    scheduler_restrictions,
+)
+
+
+class DaskBackend:
+    """A ``distributed.Client``: tasks run on the cluster's workers.
+
+    Subscribes to the scheduler's membership reports (:class:`MembershipPlugin`) on
+    creation, so the scheduler must be able to import daskrl, as it already must to check
+    annotations.
+    """
+
+    name = "distributed"
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.membership = Membership()
+        client.subscribe_topic(MEMBERSHIP_TOPIC, self.membership.on_event)
+        with self._asking_scheduler():
+            client.register_plugin(MembershipPlugin())
+            client.register_plugin(TaskClock())
+            self._await_subscription()
+            register_resident_state(client)  # once per cluster: a no-op when it has it
+
+    def _await_subscription(self, timeout: float = 30.0) -> None:
+        """Return once this client hears the topic, so no later departure can be missed.
+
+        The subscription travels on the client's batched stream, which nothing else here
+        waits for; an event published after it took effect comes back through it.
+        """
+        start = self.membership.cursor()
+        deadline = time.monotonic() + timeout
+        pause = 0.002  # the stream sends every few milliseconds: ask again soon, then less
+        while True:
+            self.client.log_event(MEMBERSHIP_TOPIC, {"action": "subscribed",
+                                                     "client": self.client.id})
+            if self.membership.wait(start, timeout=pause):
+                return
+            pause = min(2 * pause, 0.1)
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"the Dask scheduler did not confirm the subscription to "
+                                      f"{MEMBERSHIP_TOPIC!r} in {timeout:.0f} s")
+
+    def workers(self, fragments: list[Fragment]) -> dict[str, Mapping[str, float]]:
+        """The workers the scheduler knows now."""
+        with self._asking_scheduler():
+            return worker_resources(self.client)
+
+    def scatter(self, value: Any, worker: str | None) -> Any:
+        """Send ``value`` to ``worker`` (a future with no lineage behind it)."""
+        return self.client.scatter(value, hash=False, workers=[worker] if worker else None)
+
+    def submit(self, graph: Delayed) -> Handle:
+        """``client.compute``: annotations reach the scheduler."""
+        return self.client.compute(graph)
+
+    def as_input(self, handle: Handle) -> Any:
+        """The future itself: the next graph waits on it inside the cluster."""
+        return handle
+
+    def identities(self) -> dict[str, str]:
+        """Worker name -> address, as the scheduler sees them now."""
+        with self._asking_scheduler():
+            info = scheduler_workers(self.client)
+        return {worker_id(w["name"], addr): addr for addr, w in info.items()}
+
+    def done(self, handle: Handle, timeout: float) -> bool:
+        """``distributed.wait`` with a timeout."""
+        self._check_connected()
+        try:
+            wait(handle, timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _check_connected(self) -> None:
+        # A client whose scheduler connection broke would otherwise wait forever.
+        if self.client.status in ("closing", "closed", "failed"):
+            raise ConnectionError(f"lost the connection to the Dask scheduler "
+                                  f"({self.client.status}): restart the run with --resume")
+
+    @contextmanager
+    def _asking_scheduler(self) -> Iterator[None]:
+        """A scheduler that is gone or does not answer (comm closed, timeout) is a
+        ``ConnectionError`` saying how to go on, not a traceback from deep in Dask."""
+        self._check_connected()
+        try:
+            yield
+        except ConnectionError:
+            raise
+        except OSError as exc:
+            raise ConnectionError(f"lost the connection to the Dask scheduler "
+                                  f"({type(exc).__name__}: {exc}): restart the run with "
+                                  "--resume") from exc
+
+    def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``client.run`` on every worker."""
+        self.client.run(fn, *args)
+
+    def memory_limits(self) -> dict[str, int | None]:
+        """Each worker's ``memory_limit`` as the scheduler sees it (0 is no limit)."""
+        return {worker_id(w["name"], addr): int(w.get("memory_limit") or 0) or None
+                for addr, w in scheduler_workers(self.client).items()}
+
+    def worker_processes(self) -> dict[str, str]:
+        """Each worker's ``host:pid`` (:func:`~daskrl.cluster.local.worker_processes`)."""
+        with self._asking_scheduler():
+            return worker_processes(self.client)
+
+    def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
+        """The scheduler's task-stream records (start/stop of each task's compute and
+        transfers) from cursor ``since`` on; ``since=None`` starts recording and returns
+        the current cursor with no records."""
+        client = self.client
+        if since is None:
+            return client.sync(client.scheduler.get_task_stream_index, callback_timeout=30), []
+        records = client.sync(client.scheduler.get_task_stream, start_index=since,
+                              callback_timeout=30)
+        return since + len(records), records
+
+    watched = True
+
+    def activity(self) -> Activity:
+        """Running tasks and silent workers, from the scheduler (one question)."""
+        with self._asking_scheduler():
+            return self.client.run_on_scheduler(scheduler_activity)
+
+    def call_stack(self, key: str, timeout: float) -> list[str] | None:
+        """``Client.call_stack`` for one key, bounded: a frozen worker never answers."""
+        try:
+            with self._asking_scheduler():
+                found = self.client.sync(self.client.scheduler.call_stack, keys=[key],
+                                         callback_timeout=timeout)
+        except (TimeoutError, ConnectionError):
+            return None
+        for stacks in (found or {}).values():
+            if key in stacks:
+                return [str(frame) for frame in stacks[key]]
+        return None
+
+    def restart_worker(self, name: str, timeout: float) -> str:
+        """Restart ``name`` through its nanny, or remove it from the scheduler."""
+        with self._asking_scheduler():
+            return self.client.run_on_scheduler(scheduler_restart, name=name, timeout=timeout)
+
+    def check_annotations(self, graph: Delayed) -> None:
+        """Compare the scheduler's resource restrictions with the graph's annotations.
+
+        Raises ``RuntimeError`` naming the task when an annotation did not survive
+        submission (which would silently place it on the wrong worker).
+        """
+        expected = expected_restrictions(graph)
+        final = graph.key
+        deadline = time.monotonic() + 10.0
+        seen: dict[Any, dict[str, float]] = {}
+        while final not in seen and time.monotonic() < deadline:  # the graph is still in transit
+            seen = self.client.run_on_scheduler(scheduler_restrictions,
+                                                   keys=[*expected, final])
+            if final not in seen:
+                time.sleep(0.01)
+        for key, want in expected.items():
+            if key in seen and seen[key] != {k: float(v) for k, v in want.items()}:
+                raise RuntimeError(
+                    f"task {key!r} was annotated with resources {want} but the scheduler holds "
+                    f"{seen[key]}; keep dask's 'optimization.fuse.delayed' off")
