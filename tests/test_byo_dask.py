@@ -116,3 +116,110 @@ def test_dask_worker_nworkers_trains_ppo_through_a_client(nworkers_client, tmp_p
     summary = train(nworkers_client, cluster_tiny_ppo(), get_distribution("actors-learner"),
                     _settings(tmp_path / "run"))
     _trained(summary, set(info))
+
+
+# ------------------------------------------- a notebook's own thread counts survive its tasks
+
+
+def _counts_reporter():
+    """A task's function (by value) reporting torch's and the BLAS pools' thread counts as
+    the task sees them."""
+
+    def report() -> tuple[int, list[int]]:
+        import torch
+        from threadpoolctl import threadpool_info
+
+        return torch.get_num_threads(), sorted({p["num_threads"] for p in threadpool_info()
+                                                if p["user_api"] == "blas"})
+
+    return report
+
+
+def _blas_counts() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+
+@pytest.fixture
+def callers_counts() -> Iterator[tuple[int, int]]:
+    """The caller (a notebook) runs torch and numpy's BLAS with 2 threads each; its
+    settings are put back after the test."""
+    import numpy  # noqa: F401 - its BLAS pool is loaded
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    with threadpool_limits(limits=2, user_api="blas"):
+        if _blas_counts() != [2]:
+            pytest.skip("numpy's BLAS pool here cannot run 2 threads")
+        yield 2, 2
+    torch.set_num_threads(before)
+
+
+def _one_cpu_task():
+    import uuid
+
+    from daskrl import Resources, task
+
+    return task(_counts_reporter(), role="rollout", replica=0, iteration=0,
+                run=uuid.uuid4().hex[:8], resources=Resources(cpu=1))
+
+
+def test_a_task_in_the_callers_thread_gives_its_thread_counts_back(callers_counts):
+    """``--scheduler sync``: the task runs with its grant of 1 thread in the caller's own
+    thread, and the caller's torch and BLAS counts are as they were afterwards."""
+    import torch
+
+    from daskrl.runtime.backend import SyncBackend
+
+    seen = SyncBackend().submit(_one_cpu_task()).result()
+    assert seen == (1, [1])  # the grant held inside the task
+    assert (torch.get_num_threads(), _blas_counts()) == (2, [2])
+
+
+THREAD_WORKER_SCRIPT = """
+import json, sys, uuid
+import numpy, torch
+from distributed import Client, LocalCluster
+from threadpoolctl import threadpool_info
+from daskrl import Resources, task
+from daskrl.cluster.local import configure_dask
+from daskrl.runtime.backend import DaskBackend
+sys.path.insert(0, sys.argv[1])
+from test_byo_dask import _counts_reporter
+
+def blas():
+    return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+configure_dask()
+before = (torch.get_num_threads(), blas())
+with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, resources={"CPU": 1},
+                  dashboard_address=None) as cluster, Client(cluster) as client:
+    graph = task(_counts_reporter(), role="rollout", replica=0, iteration=0,
+                 run=uuid.uuid4().hex[:8], resources=Resources(cpu=1))
+    seen = DaskBackend(client).submit(graph).result(timeout=60)
+    print(json.dumps({"before": before, "seen": seen, "after": (torch.get_num_threads(), blas())}))
+"""
+
+
+def test_thread_workers_give_the_callers_blas_count_back(tmp_path):
+    """Thread workers share the caller's process, whose BLAS pool is one for all its
+    threads: a fresh process (a notebook that set nothing) gets its count back once the task
+    ends; torch's count is per thread and the caller's stays. (A fresh process: once its
+    main thread sets a BLAS count, OpenBLAS ignores other threads' counts.)"""
+    import json
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores for a BLAS pool larger than the task's grant")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run([sys.executable, "-c", THREAD_WORKER_SCRIPT, str(REPO / "tests")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts["before"][1][0] >= 2, counts
+    assert counts["seen"] == [1, [1]], counts  # the grant held inside the task
+    assert counts["after"] == counts["before"], counts
+

@@ -22,7 +22,7 @@ import cloudpickle
 import numpy as np
 from distributed import Reschedule
 
-from daskrl.core.worker_state import limit_threads
+from daskrl.core.worker_state import task_threads
 
 _ATTR = "daskrl_failure"
 
@@ -47,8 +47,12 @@ class Call:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.threads:  # the task's CPU grant (0: a call inside a task keeps its task's)
-            limit_threads(self.threads)
+        # the task's CPU grant (0: a call inside a task keeps its task's); in a driver's own
+        # process the caller's counts come back afterwards
+        with task_threads(self.threads):
+            return self._call(*args, **kwargs)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         if args and getattr(args[0], "deterministic", False) is True:
             deterministic_torch()
         try:

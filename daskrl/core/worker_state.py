@@ -148,6 +148,84 @@ def limit_threads(threads: int) -> None:
     _pools[0].limit(limits=1, user_api="blas")
 
 
+_driver = threading.Event()  # set where a driver runs: tasks there put back the counts
+_running = 0  # tasks in this process inside task_threads, for the driver process's BLAS
+_found_blas: list[tuple[Any, int]] = []  # (its controller, count) before the first of them
+_running_lock = threading.Lock()
+
+
+def mark_driver_process() -> None:
+    """Note that a driver runs in this process, so tasks here put the caller's thread counts
+    back once they end (:func:`task_threads`).
+
+    Each backend calls it: ``--scheduler sync`` runs tasks in the caller's own thread, and
+    thread workers (``LocalCluster(processes=False)``) in the caller's process, whose BLAS
+    pool all its threads share.
+    """
+    _driver.set()
+
+
+def _blas_pools() -> list[tuple[Any, int]]:
+    """This process's BLAS pools and their thread counts now."""
+    if not _pools:
+        from threadpoolctl import ThreadpoolController
+
+        _pools.append(ThreadpoolController())
+    return [(lib, lib.num_threads) for lib in _pools[0].select(user_api="blas").lib_controllers]
+
+
+@contextmanager
+def task_threads(threads: int) -> Iterator[None]:
+    """Run the body as a task with a CPU grant of ``threads`` (:func:`limit_threads`); 0
+    leaves the counts as they are (a call inside a task keeps its task's).
+
+    In a driver's process (:func:`mark_driver_process`) the counts the caller had come back
+    afterwards: torch's for the thread that ran the task (its OpenMP count is the thread's
+    own), the BLAS pools' (one for the whole process) once the last task running here ends,
+    so a task in flight keeps its grant. A notebook that trains on thread workers, or with
+    ``--scheduler sync``, keeps its own torch and numpy speed. Worker processes keep the
+    grant between tasks: nothing else runs there, and setting it again costs time.
+
+    Examples
+    --------
+    >>> import torch
+    >>> before = torch.get_num_threads()
+    >>> mark_driver_process()
+    >>> with task_threads(1):
+    ...     torch.get_num_threads()
+    1
+    >>> torch.get_num_threads() == before
+    True
+    """
+    global _running
+    if not threads:
+        yield
+        return
+    if not _driver.is_set():
+        limit_threads(threads)
+        yield
+        return
+    import torch
+
+    torch_before = torch.get_num_threads()
+    with _running_lock:
+        if _running == 0:
+            _found_blas[:] = _blas_pools()
+        _running += 1
+    try:
+        limit_threads(threads)
+        yield
+    finally:
+        if torch.get_num_threads() != torch_before:
+            torch.set_num_threads(torch_before)
+        with _running_lock:
+            _running -= 1
+            if _running == 0:
+                for lib, count in _found_blas:
+                    if lib.num_threads != count:
+                        lib.set_num_threads(count)
+
+
 def worker_name() -> str:
     """Name of the Dask worker running the caller, or ``"local"`` outside a worker.
 

@@ -20,6 +20,7 @@ from daskrl.cluster.local import (
     worker_resources,
 )
 from daskrl.core.fragment import Fragment
+from daskrl.core.worker_state import mark_driver_process
 from daskrl.core.worker_state import register as register_resident_state
 from daskrl.runtime.engine import Activity, Handle
 from daskrl.runtime.membership import MEMBERSHIP_TOPIC, Membership, MembershipPlugin
@@ -45,6 +46,7 @@ class DaskBackend:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.membership = Membership()
+        mark_driver_process()  # thread workers of this process give its thread counts back
         client.subscribe_topic(MEMBERSHIP_TOPIC, self.membership.on_event)
         with self._asking_scheduler():
             client.register_plugin(MembershipPlugin())

@@ -11,6 +11,7 @@ import dask
 from dask.delayed import Delayed
 
 from daskrl.core.fragment import Fragment
+from daskrl.core.worker_state import mark_driver_process
 from daskrl.runtime.engine import Activity, Handle
 from daskrl.runtime.membership import Membership
 
@@ -45,6 +46,7 @@ class SyncBackend:
 
     def __init__(self) -> None:
         self.membership = Membership()  # one process: nobody joins or leaves
+        mark_driver_process()  # tasks run in the caller's thread: its thread counts come back
 
     def workers(self, fragments: list[Fragment]) -> dict[str, Mapping[str, float]]:
         """One process that offers what the fragments ask for (GPUs only if torch sees one)."""
