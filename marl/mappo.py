@@ -7,11 +7,13 @@
 * GAE per agent, MAPPO's ValueNorm on value targets, the clipped surrogate of
   :mod:`daskrl.algos.ppo`.
 
-The pieces live in :mod:`marl.mappo_model` (networks), :mod:`marl.mappo_env` (envs, team
-layout, device), :mod:`marl.mappo_rollout` (actor, GAE, evaluation) and
-:mod:`marl.mappo_learner` (update, learner); this module gathers
-them and adds :func:`train_inline`, the whole loop in one process without Dask (tests and
-benchmarks). ``graphs/mappo.py`` wraps them as a :class:`daskrl.Algorithm`.
+The pieces live in :mod:`marl.mappo_model` (networks, with :mod:`marl.team_layout`,
+:mod:`marl.value_norm` and :mod:`marl.activations`), :mod:`marl.mappo_policy` (the exported
+actors), :mod:`marl.mappo_env` (envs, team layout, device), :mod:`marl.mappo_rollout`
+(actor, GAE, evaluation), :mod:`marl.mappo_learner` (update, learner) and
+:mod:`marl.mappo_video` (MP4s of episodes); this module gathers them and adds
+:func:`train_inline`, the whole loop in one process without Dask (tests and benchmarks).
+``graphs/mappo.py`` wraps them as a :class:`daskrl.Algorithm`.
 
 Returns are per agent and per episode: ``return_mean/<team>`` is the mean over a team's
 agents of their episode returns; the headline ``episode_return_mean``/``eval_return_mean``
@@ -32,7 +34,8 @@ from typing import Any, NamedTuple
 
 from .mappo_env import EnvSpec, layout_of, task_device, task_gpu
 from .mappo_learner import MAPPOHyper, MAPPOLearner, team_metrics
-from .mappo_model import MAPPOModel, MAPPOPolicy, ModelSpec, TeamLayout, ValueNorm, sample
+from .mappo_model import MAPPOModel, ModelSpec, TeamLayout, ValueNorm, sample
+from .mappo_policy import MAPPOPolicy
 from .mappo_rollout import (
     HEADLINE_TEAM,
     EpisodeTracker,

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .mappo_model import TeamLayout
+from .team_layout import TeamLayout
 
 MPE_TASKS = {
     "simple": "mpe2.simple_v3", "simple_adversary": "mpe2.simple_adversary_v3",

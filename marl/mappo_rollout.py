@@ -19,7 +19,8 @@ from torch import Tensor
 from daskrl.algos.gae import gae
 
 from .mappo_env import EnvSpec, layout_of, task_device
-from .mappo_model import MAPPOModel, ModelSpec, TeamLayout
+from .mappo_model import MAPPOModel, ModelSpec
+from .team_layout import TeamLayout
 
 HEADLINE_TEAM = "adversary"
 """The team whose return is ``episode_return_mean``/``eval_return_mean`` when an env has it

@@ -12,8 +12,9 @@ mpe2 = pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3, simple_tag_v3  # noqa: E402
 from pettingzoo.test import parallel_api_test  # noqa: E402
 
-from marl.pettingzoo import PettingZooBatchEnv, SimpleTagParallelEnv  # noqa: E402
+from marl.pettingzoo import PettingZooBatchEnv  # noqa: E402
 from marl.simple_tag import SimpleTag  # noqa: E402
+from marl.simple_tag_pettingzoo import SimpleTagParallelEnv  # noqa: E402
 
 BATCHED_API = (
     "num_envs", "num_agents", "agent_names", "team", "team_names", "obs_dim", "obs_dims",
