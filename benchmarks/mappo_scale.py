@@ -230,7 +230,8 @@ def _median_time(fn: Any, repeats: int) -> float:
 
 
 def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
-               split: bool = True, sigmoid_tanh: bool = True) -> dict[str, Any]:
+               split: bool = True, sigmoid_tanh: bool = True, compile: bool = False
+               ) -> dict[str, Any]:
     """The MAPPO update's FLOP rate on one minibatch against ``torch.matmul`` on the same
     layer shapes (one thread: call ``torch.set_num_threads`` first).
 
@@ -240,10 +241,13 @@ def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
     ``torch.matmul`` (contiguous operands); ``gemm_fraction`` is its time over the update's
     (1.0: the update runs at GEMM speed, all else free). Times are CPU seconds.
     ``split``/``sigmoid_tanh`` switch the two speed-ups of :class:`marl.mappo.MAPPOModel`
-    (the critic's first layer split, tanh as a sigmoid) off for comparison.
+    (the critic's first layer split, tanh as a sigmoid) off for comparison; ``compile``
+    differentiates the ``torch.compile``-d loss (``MAPPOHyper.compile``, inductor's own tanh;
+    the compile itself happens in the untimed first call).
     """
     import torch
 
+    from marl.activations import swap_tanh
     from marl.mappo import (
         EnvSpec,
         MAPPOActor,
@@ -253,14 +257,13 @@ def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
         RolloutSpec,
         layout_of,
     )
-    from marl.mappo_model import swap_tanh
 
     spec, model = EnvSpec("simple_tag"), ModelSpec()
     layout = layout_of(spec)
     envs = max(1, minibatch_agents // AGENTS_PER_ENV // spec.max_cycles)
-    learner = MAPPOLearner(layout, model, MAPPOHyper(update_epochs=1), seed)
+    learner = MAPPOLearner(layout, model, MAPPOHyper(update_epochs=1, compile=compile), seed)
     learner.model.split_state_layer = split
-    if not sigmoid_tanh:
+    if not sigmoid_tanh and not compile:
         for net in [*learner.model.actors, *learner.model.critics]:
             swap_tanh(net, torch.nn.Tanh)
     actor = MAPPOActor(spec, model, RolloutSpec(), envs, seed + 1, "cpu")
@@ -284,7 +287,8 @@ def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
         gemm_s += _median_time(lambda xt=xt, dy=dy: torch.matmul(xt, dy), repeats)
         if not first:
             gemm_s += _median_time(lambda dy=dy, wt=wt: torch.matmul(dy, wt), repeats)
-    return {"mode": "flops", "split_state_layer": split, "sigmoid_tanh": sigmoid_tanh,
+    return {"mode": "flops", "split_state_layer": split,
+            "sigmoid_tanh": sigmoid_tanh and not compile, "compile": compile,
             "slots": slots,
             "agent_samples": slots * layout.num_agents,
             "flops_per_sample": flops / (slots * layout.num_agents), "update_step_s": update_s,
@@ -427,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.flops:
         rows = []
         for _ in range(args.repeat_flops):  # variants interleaved: the load drifts
-            for split, sig in ((False, False), (True, False), (True, True)):
+            for split, sig, comp in ((False, False, False), (True, False, False),
+                                     (True, True, False), (True, False, True)):
                 rows.append(flop_check(args.minibatch_agents, max(3, args.iterations),
-                                       split=split, sigmoid_tanh=sig))
+                                       split=split, sigmoid_tanh=sig, compile=comp))
                 print(rows[-1], flush=True)
         if args.json is not None:
             write_json(args.json, {"benchmark": "mappo_flops", "machine": machine_info(),

@@ -24,7 +24,9 @@ from daskrl.algos.losses import ppo_loss
 from daskrl.algos.ppo import explained_variance
 from daskrl.core.algorithm import UpdatePlan
 
-from .mappo_model import MAPPOModel, ModelSpec, TeamLayout
+from .activations import swap_tanh
+from .mappo_model import MAPPOModel, ModelSpec
+from .team_layout import TeamLayout
 
 PARTS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
 
@@ -51,6 +53,12 @@ class MAPPOHyper:
         Gradient-norm clip of each team's actor and critic, separately.
     trained_teams : tuple of str or None
         Teams to train (None: all).
+    compile : bool
+        Differentiate a ``torch.compile``-d loss (the team forward passes and PPO losses,
+        their backward compiled with them): inductor fuses the element-wise work around the
+        matrix products; on one CPU core an update step at 32k agent samples took 48-50 ms
+        instead of 52-55 ms, after a compile of 11 s (80 s without inductor's on-disk cache,
+        ``benchmarks/mappo_scale.md``). It pays in long runs only.
     """
 
     update_epochs: int = 10
@@ -63,6 +71,7 @@ class MAPPOHyper:
     vf_coef: float = 1.0
     max_grad_norm: float = 10.0
     trained_teams: tuple[str, ...] | None = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("update_epochs", "num_minibatches"):
@@ -152,6 +161,11 @@ class MAPPOLearner:
         self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
                                           fused=True)
         self.generator = torch.Generator().manual_seed(seed)
+        self._losses = self.team_losses
+        if hp.compile:
+            for net in [*self.model.actors, *self.model.critics]:
+                swap_tanh(net, nn.Tanh)  # inductor's own tanh is fast; no custom backward
+            self._losses = torch.compile(self.team_losses)
 
     def update_plan(self) -> UpdatePlan:
         """``update_epochs * num_minibatches`` steps, after merging :meth:`statistics`."""
@@ -219,12 +233,23 @@ class MAPPOLearner:
                           ) -> tuple[list[Tensor], dict[str, float]]:
         """Autograd gradients of the sum of the trained teams' PPO losses, and each team's
         loss parts (``losses/<part>/<team>``)."""
+        loss, parts = self._losses(minibatch["obs"], minibatch["actions"], minibatch["teams"])
+        grads = torch.autograd.grad(loss, self.params)
+        values = parts.tolist()
+        names = self.layout.names
+        return list(grads), {f"losses/{part}/{names[t]}": values[i][j]
+                             for i, t in enumerate(self.teams) for j, part in enumerate(PARTS)}
+
+    def team_losses(self, obs: Tensor, actions: Tensor, teams: dict[int, dict[str, Tensor]]
+                    ) -> tuple[Tensor, Tensor]:
+        """The sum of the trained teams' PPO losses on a minibatch, and each team's
+        :data:`PARTS` (``[teams, 5]``, detached): what :meth:`compute_gradients`
+        differentiates (compiled when ``hp.compile``)."""
         hp, model = self.hp, self.model
-        obs, actions = minibatch["obs"], minibatch["actions"]
         loss = torch.zeros((), device=obs.device)
         parts = []
         for t in self.teams:
-            mb = minibatch["teams"][t]
+            mb = teams[t]
             new_logp, entropy, new_v = model.evaluate(obs, actions, t)
             team_loss, team_parts = ppo_loss(
                 new_logp, entropy, new_v, mb["logp"], mb["old_values"], mb["advantages"],
@@ -232,11 +257,7 @@ class MAPPOLearner:
                 vf_coef=hp.vf_coef, clip_vloss=hp.clip_vloss, norm_adv=True)
             loss = loss + team_loss
             parts.append(team_parts)
-        grads = torch.autograd.grad(loss, self.params)
-        values = torch.stack(parts).tolist()
-        names = self.layout.names
-        return list(grads), {f"losses/{part}/{names[t]}": values[i][j]
-                             for i, t in enumerate(self.teams) for j, part in enumerate(PARTS)}
+        return loss, torch.stack(parts)
 
     def apply_gradients(self, grads: list[Tensor]) -> None:
         """Clip each team's actor and critic gradients on their own, then one Adam step."""

@@ -222,10 +222,27 @@ def test_bad_settings_name_the_flag():
 
 
 @pytest.mark.parametrize("module", ["marl.mappo", "marl.mappo_model", "marl.mappo_env",
-                                    "marl.mappo_rollout", "marl.mappo_learner"])
+                                    "marl.mappo_rollout", "marl.mappo_learner",
+                                    "marl.mappo_policy", "marl.team_layout", "marl.value_norm",
+                                    "marl.activations"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+@pytest.mark.slow  # the compile takes 10-80 s on one core
+def test_compiled_loss_gives_the_eager_update():
+    batch = MAPPOActor(TAG, ModelSpec(), RolloutSpec(), 16, seed=1)
+    learners = [MAPPOLearner(layout_of(TAG), ModelSpec(),
+                             MAPPOHyper(update_epochs=2, num_minibatches=2, compile=c), seed=0)
+                for c in (False, True)]
+    batch.set_weights(learners[0].weights(), 0)
+    data = batch.rollout(25)
+    metrics = [learner.update([data], 0.0) for learner in learners]
+    for key in ("losses/policy_loss", "losses/value_loss", "losses/entropy"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-5, abs=1e-6)
+    for k, v in learners[0].weights().items():
+        torch.testing.assert_close(learners[1].weights()[k], v, rtol=1e-4, atol=1e-5)
