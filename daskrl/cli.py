@@ -106,6 +106,12 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         wanted = distribution.workers_wanted(algo)
         workers = args.workers or max(1, min(os.cpu_count() or 1, wanted))
         batch = _batch_spec(args)
+        if not args.scheduler and batch is None:  # the embedded cluster's workers are known
+            from daskrl.core.placement import plan_placement
+
+            spec = {f"w{i}": r for i, r in enumerate(default_worker_resources(workers))}
+            distribution.check_capacity(plan_placement(distribution.fragments(algo), spec),
+                                        spec, algo)
         if batch is not None and (args.scheduler or args.tls):
             raise ValueError("--cluster starts its own scheduler: drop --scheduler/--tls")
     except (ValueError, TypeError) as exc:

@@ -77,6 +77,14 @@ def flags_of(config_cls: type) -> set[str]:
     return flags
 
 
+ELSEWHERE = {
+    "--vtrace": "V-trace corrects an actor-critic's state-value targets for the policy lag, "
+                "and this graph offers none (DQN and SAC have no state-value head): use "
+                "graphs/ppo.py --vtrace, or graphs/impala.py",
+}
+"""Flags of some graphs that others lack, and why (said instead of a near spelling)."""
+
+
 def check_flags(words: Sequence[str], config_cls: type, run_flags: Sequence[str],
                  prog: str) -> None:
     """Refuse a ``--flag`` that is neither a run flag nor a field of the graph's Config, with
@@ -90,6 +98,8 @@ def check_flags(words: Sequence[str], config_cls: type, run_flags: Sequence[str]
             continue
         close = difflib.get_close_matches(flag, sorted(known | set(run_flags)), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
+        if name in ELSEWHERE:
+            hint = f": {ELSEWHERE[name]}"
         raise UserError(f"unrecognized flag {flag}{hint} (see `{prog} --help`)")
 
 

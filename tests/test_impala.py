@@ -76,6 +76,35 @@ def test_bad_input_is_one_line_before_any_worker() -> None:
     assert done.returncode != 0
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "'vtrace' capability" in lines[0], done.stderr
+    # --vtrace on a graph without a state-value head
+    done = _cli("train", "graphs/dqn.py", "--vtrace", "--steps", "1000",
+                "--out", "/tmp/daskrl-impala-refused")
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert "--vtrace" in lines[0] and "no state-value head" in lines[0], done.stderr
+    # more actors than the workers hold: the numbers and the fixes, before any task
+    done = _cli("train", "graphs/impala.py", "--workers", "2", "--num-actors", "3", "--steps",
+                "1000", "--out", "/tmp/daskrl-impala-refused")
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert ("--num-actors 3: the workers that may host actors (w0, w1) hold 2 at once"
+            in lines[0] and "--resources rollout=CPU:0.666667" in lines[0]), done.stderr
+
+
+def test_actors_are_counted_against_what_the_workers_hold() -> None:
+    from daskrl.core.placement import plan_placement
+
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=4))
+    dist = get_distribution("impala:apart=true")
+    two = {"a": {"CPU": 2}, "b": {"CPU": 2}, "c": {"CPU": 2}}
+    dist.check_capacity(plan_placement(dist.fragments(algo), two), two, algo)  # b, c hold 4
+    one = {"a": {"CPU": 2}, "b": {"CPU": 2}, "c": {"CPU": 1}}  # the learner's a is not counted
+    with pytest.raises(ValueError, match=r"\(b, c\) hold 3 at once.*1 more worker like"):
+        dist.check_capacity(plan_placement(dist.fragments(algo), one), one, algo)
+    plain = {"a": {}, "b": {}}  # no worker declares CPU: Dask runs a task per thread
+    get_distribution("impala").check_capacity(plan_placement(dist.fragments(algo), plain),
+                                              plain, algo)
 
 
 # ------------------------------------------------------------------ sync, placement, sketch

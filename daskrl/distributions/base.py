@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -64,7 +64,8 @@ class Distribution(ABC):
 
     - :meth:`check` refuses an algorithm it cannot serve, before any worker starts;
     - :meth:`fragments` says which roles it places, with their resources and replica counts;
-    - :meth:`check_placement` states its own conditions on a placement;
+    - :meth:`check_placement` states its own conditions on a placement, and
+      :meth:`check_capacity` what the workers' resources must hold;
     - :meth:`iteration` returns a delayed ``LearnerOutput`` whose key starts with
       ``learner`` (``join`` for a group of piped tasks, whose learner task is keyed
       ``learner`` too);
@@ -126,6 +127,13 @@ class Distribution(ABC):
 
         The driver calls it when it places the fragments, and after a lost worker waits for
         a placement that passes."""
+        return None
+
+    def check_capacity(self, placement: Placement, workers: Mapping[str, Mapping[str, float]],
+                       algo: Algorithm) -> None:
+        """Raise ``ValueError`` (one line: the numbers and a fix) when ``workers`` (name ->
+        advertised resources) cannot hold what ``placement`` puts on them at once (default:
+        no condition). Called where :meth:`check_placement` is, before any task starts."""
         return None
 
     def iterations_per_task(self, inputs: IterationInputs) -> int:

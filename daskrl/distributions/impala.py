@@ -56,13 +56,15 @@ slot when it has a worker of its own, so no rollout runs on its core.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from dask.delayed import Delayed
 
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.fragment import Fragment
-from daskrl.core.placement import task
+from daskrl.core.placement import Placement, task
 from daskrl.core.resources import Resources
 from daskrl.distributions.async_grads import waiting
 from daskrl.distributions.base import (
@@ -141,6 +143,48 @@ class Impala(Distribution):
         actors = Fragment(free_rollout, "rollout", algo.resources_for("rollout"),
                           algo.num_actors, apart_from=("learner",) if self.apart else ())
         return [learner, actors] if self.apart else [actors, learner]
+
+    def check_capacity(self, placement: Placement, workers: Mapping[str, Mapping[str, float]],
+                       algo: Algorithm) -> None:
+        """Refuse more actors than the workers that may host them hold at once.
+
+        A free-running actor holds its rollout resources all the time (its rollouts run back
+        to back), so each worker holds as many actors as its advertised resources cover the
+        actors' needs (``CPU=1`` by default: one per CPU); actors beyond that would only
+        queue behind others, adding lag and no env steps. Actors meant to share a CPU say
+        so with a fraction (``--resources rollout=CPU:0.5``). Workers that advertise none of
+        the needed resources (Dask then runs a task per thread) are not counted.
+
+        Examples
+        --------
+        >>> from daskrl.core.placement import plan_placement
+        >>> from daskrl.core.fragment import Fragment
+        >>> algo = Algorithm("a", print, print, print, num_steps=8, num_envs=4, num_actors=4)
+        >>> workers = {"w0": {"CPU": 1}, "w1": {"CPU": 1}}
+        >>> d = Impala()
+        >>> d.check_capacity(plan_placement(d.fragments(algo), workers), workers, algo)
+        Traceback (most recent call last):
+        ...
+        ValueError: --num-actors 4: the workers that may host actors (w0, w1) hold 2 at once, each actor needing {'CPU': 1}: lower --num-actors to 2, start 2 more workers like them, or let actors share a CPU (--resources rollout=CPU:0.5)
+        """  # noqa: E501
+        need = placement.resources["rollout"].to_dask()
+        hosts = sorted(set(placement.workers.get("rollout", ())))
+        if not need or not hosts:
+            return
+        each = {w: min(math.floor(workers[w].get(k, 0.0) / v + 1e-9) for k, v in need.items())
+                for w in hosts}
+        held = sum(each.values())
+        if algo.num_actors <= held:
+            return
+        per = max(1, min(each.values()))
+        more = math.ceil((algo.num_actors - held) / per)
+        share = f"{min(need.get('CPU', 1.0), held * need.get('CPU', 1.0) / algo.num_actors):g}"
+        raise ValueError(
+            f"--num-actors {algo.num_actors}: the workers that may host actors "
+            f"({', '.join(hosts)}) hold {held} at once, each actor needing {need}: lower "
+            f"--num-actors to {held}, start {more} more worker{'s' * (more > 1)} like them, "
+            f"or let actors "
+            f"share a CPU (--resources rollout=CPU:{share})")
 
     def iterations_per_task(self, inputs: IterationInputs) -> int:
         """``iterations_per_task``: rollouts carry over between learner tasks."""
