@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -53,15 +54,38 @@ torch.set_num_threads(1)
 import ale_py, gymnasium
 gymnasium.register_envs(ale_py)
 from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_atari_env
 from stable_baselines3.common.vec_env import VecFrameStack
 steps, envs = int(sys.argv[1]), int(sys.argv[2])
 env = VecFrameStack(make_atari_env("BreakoutNoFrameskip-v4", n_envs=envs, seed=0), 4)
+env_s = [0.0]
+step_wait = env.step_wait  # SB3 wraps env (VecTransposeImage), which calls this
+def timed_step_wait():
+    t = time.perf_counter(); out = step_wait(); env_s[0] += time.perf_counter() - t
+    return out
+env.step_wait = timed_step_wait
+class Marks(BaseCallback):
+    def __init__(self):
+        super().__init__(); self.marks = []
+    def _on_rollout_start(self):
+        self.marks.append(("start", time.perf_counter(), self.num_timesteps, env_s[0]))
+    def _on_rollout_end(self):
+        self.marks.append(("end", time.perf_counter(), self.num_timesteps, env_s[0]))
+    def _on_step(self):
+        return True
 model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4,
             clip_range=0.1, ent_coef=0.01, vf_coef=0.5, device="cpu", seed=0)
+marks = Marks()
 t0 = time.time()
-model.learn(steps)
-print("RESULT " + json.dumps({"env_steps": model.num_timesteps, "train_s": time.time() - t0}))
+model.learn(steps, callback=marks)
+t_end = time.perf_counter()
+starts = [m for m in marks.marks if m[0] == "start"] + [("start", t_end, model.num_timesteps, 0)]
+ends = [m for m in marks.marks if m[0] == "end"]
+its = [{"t0": s[1], "t1": e[1], "t_next": n[1], "steps": e[2] - s[2], "env_s": e[3] - s[3]}
+       for s, e, n in zip(starts, ends, starts[1:])]
+print("RESULT " + json.dumps({"env_steps": model.num_timesteps, "train_s": time.time() - t0,
+                              "iterations": its}))
 '''
 
 
@@ -110,25 +134,52 @@ def fragment(backend: str, num_envs: int, steps: int) -> dict[str, float]:
             "obs_dtype": str(obs.dtype), "transitions": len(obs)}
 
 
-def e2e_daskrl(steps: int, out: Path) -> dict[str, float]:
+def e2e_daskrl(steps: int, out: Path, backend: str) -> dict[str, Any]:
+    """``daskrl train graphs/ppo.py`` on Breakout; per-iteration times from ``metrics.csv``."""
     cmd = [sys.executable, "-m", "daskrl", "train", "graphs/ppo.py", "--env", GYM_ID,
            "--steps", str(steps), "--num-envs", "8", "--num-steps", "128",
            "--minibatch-size", "256", "--clip-coef", "0.1", "--no-clip-vloss",
-           "--out", str(out), "--no-progress", "--no-eval"]
+           "--env-backend", backend, "--out", str(out), "--no-progress", "--no-eval"]
     proc = subprocess.run(cmd, cwd=ROOT, env=_threads_env(), capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-2000:])
     summary = json.loads((out / "summary.json").read_text())
-    return {"env_steps": summary["env_steps"], "train_s": summary["wall_s"]}
+    with (out / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    its = [{"wall_s": float(r["wall_s"]), "steps": int(float(r["iteration_env_steps"])),
+            "env_s": float(r["env_s"]), "inference_s": float(r["inference_s"]),
+            "learn_s": float(r["learn_s"])} for r in rows]
+    return {"env_steps": summary["env_steps"], "train_s": summary["wall_s"], **_steady(its)}
 
 
-def e2e_sb3(steps: int) -> dict[str, float]:
+def _steady(its: list[dict[str, float]]) -> dict[str, Any]:
+    """Frames/s and seconds per iteration by part, after the first iteration (warm-up).
+
+    ``its``: per iteration ``wall_s`` (end, on one clock), ``steps``, ``env_s``, and either
+    ``inference_s``/``learn_s`` (daskrl) or ``rollout_s``/``learn_s`` (SB3).
+    """
+    rest = its[1:]
+    span = its[-1]["wall_s"] - its[0]["wall_s"]
+    steps = sum(it["steps"] for it in rest)
+    parts = {k: median(it[k] for it in rest)
+             for k in ("env_s", "inference_s", "learn_s") if k in rest[0]}
+    return {"steady_env_steps": steps, "steady_s": span,
+            "frames_per_s": FRAME_SKIP * steps / span,
+            "per_iteration_s": {**parts, "total": span / len(rest)}}
+
+
+def e2e_sb3(steps: int) -> dict[str, Any]:
+    """SB3's ``PPO("CnnPolicy")`` on Breakout; per-iteration times from callbacks."""
     proc = subprocess.run([sys.executable, "-c", SB3_CHILD, str(steps), "8"], cwd=ROOT,
                           env=_threads_env(), capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not line:
         raise RuntimeError(proc.stderr[-2000:])
-    return json.loads(line[0][7:])
+    res = json.loads(line[0][7:])
+    its = [{"wall_s": it["t_next"], "steps": it["steps"], "env_s": it["env_s"],
+            "inference_s": it["t1"] - it["t0"] - it["env_s"], "learn_s": it["t_next"] - it["t1"]}
+           for it in res.pop("iterations")]
+    return {**res, **_steady(its)}
 
 
 def main() -> None:
@@ -137,7 +188,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=128, help="vector steps per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--e2e", action="store_true", help="also PPO end to end against SB3")
-    parser.add_argument("--e2e-steps", type=int, default=4096)
+    parser.add_argument("--e2e-steps", type=int, default=9 * 1024,
+                        help="env steps per end-to-end run (8 envs x 128 per iteration; the "
+                        "first iteration is warm-up, left out of frames/s)")
+    parser.add_argument("--only-e2e", action="store_true", help="skip the env/fragment part")
     parser.add_argument("--quick", action="store_true", help="1 repeat, 16 steps, no output")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/atari_speed.json")
     args = parser.parse_args()
@@ -152,7 +206,7 @@ def main() -> None:
                               "machine": machine_info(["envpool", "ale-py", "torch",
                                                        "gymnasium", "stable-baselines3"]),
                               "load_before": load_average(), "runs": []}
-    for rep in range(args.repeats):
+    for rep in range(0 if args.only_e2e else args.repeats):
         for num_envs in args.envs:
             for backend in backends if rep % 2 == 0 else backends[::-1]:
                 row = {"repeat": rep, "num_envs": num_envs, "backend": backend,
@@ -165,11 +219,13 @@ def main() -> None:
         tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"atari_speed-{os.getpid()}"
         record["e2e"] = []
         for rep in range(args.repeats):
-            for system in ("daskrl", "sb3") if rep % 2 == 0 else ("sb3", "daskrl"):
+            systems = ["daskrl", *(["daskrl-envpool"] if "envpool" in backends else []), "sb3"]
+            for system in systems if rep % 2 == 0 else systems[::-1]:
                 load = os.getloadavg()[0]
                 try:
-                    res = (e2e_daskrl(args.e2e_steps, tmp / str(rep)) if system == "daskrl"
-                           else e2e_sb3(args.e2e_steps))
+                    res = (e2e_sb3(args.e2e_steps) if system == "sb3" else
+                           e2e_daskrl(args.e2e_steps, tmp / f"{system}-{rep}",
+                                      "envpool" if system.endswith("envpool") else "gymnasium"))
                 except RuntimeError as exc:  # keep the rollout numbers measured so far
                     print(f"{system} failed: {exc}", file=sys.stderr)
                     continue
@@ -218,12 +274,25 @@ def report(record: dict[str, Any]) -> None:
     ]
     if record.get("e2e"):
         e2e = record["e2e"]
-        med = {s: median(r["frames_per_s"] for r in e2e if r["system"] == s)
-               for s in ("daskrl", "sb3")}
-        parts += [markdown_table(["end to end PPO (frames/s)", "daskrl", "SB3 CnnPolicy",
-                                  "daskrl / SB3"],
-                                 [[f"{e2e[0]['env_steps']:,} env steps", med["daskrl"],
-                                   med["sb3"], ratio(med["daskrl"], med["sb3"])]])]
+        names = {"daskrl": "daskrl (gymnasium envs)", "daskrl-envpool": "daskrl (EnvPool)",
+                 "sb3": "SB3 CnnPolicy"}
+        systems = [s for s in names if any(r["system"] == s for r in e2e)]
+        med = {s: median(r["frames_per_s"] for r in e2e if r["system"] == s) for s in systems}
+        part = {(s, k): median(r["per_iteration_s"].get(k) for r in e2e if r["system"] == s)
+                for s in systems for k in ("env_s", "inference_s", "learn_s", "total")}
+        first = next(r for r in e2e if r["system"] == systems[0])
+        parts += [
+            f"End to end: {first['steady_env_steps']:,} env steps "
+            f"({FRAME_SKIP * first['steady_env_steps']:,} frames) timed per run after a "
+            "warm-up iteration; medians over runs; seconds per iteration (8 envs x 128 steps) "
+            "by part: *env* inside the vector env's step, *inference* the rest of the rollout "
+            "(the CNN choosing actions, buffers), *update* 4 epochs x 4 minibatches of 256.",
+            markdown_table(["system", "frames/s", "/ SB3", "env s", "inference s", "update s",
+                            "iteration s"],
+                           [[names[s], med[s], ratio(med[s], med.get("sb3")),
+                             part[s, "env_s"], part[s, "inference_s"], part[s, "learn_s"],
+                             part[s, "total"]] for s in systems]),
+        ]
     parts.append("Raw numbers: [`results/atari_speed.json`](results/atari_speed.json).")
     update_section(ROOT / "benchmarks/atari_speed.md", "atari_speed", "\n\n".join(parts))
 
