@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,16 +178,29 @@ def test_thread_workers_with_a_share_of_the_memory_each_are_refused_with_the_fix
     """Dask's default gives thread workers a share of the machine's memory each, and pauses
     each one once the whole process passes (most of) its own limit: such workers would
     never run a task, so the run is refused, saying how to give them the process's budget.
+    The cluster made as the line says runs tasks, and the run passes the check.
     (Four workers here: 128 paused workers' memory monitors starve the process's event loop.)
     """
     configure_dask()
-    share = 300 * 2**20
+    share = 300 * 2**20  # below this process's memory (torch alone is more): Dask pauses
     with LocalCluster(n_workers=4, processes=False, threads_per_worker=1, memory_limit=share,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         assert set(DaskBackend(client).memory_limits().values()) == {share}
         algo = _algo(transition_bytes=50, model_params=1000)
-        with pytest.raises(MemoryBudgetError, match=r"threads of that process, and Dask pauses "
-                                                    r"each one .*own limit, 300\.0 MiB: .*"
-                                                    r"memory_limit="):
+        with pytest.raises(MemoryBudgetError) as refused:
             check_memory(DaskBackend(client), algo, get_distribution("actors-learner"),
                          _place(client, algo))
+        with pytest.raises(TimeoutError):  # what the refusal spares: a task never runs
+            client.submit(abs, -1, pure=False).result(timeout=3)
+    line = str(refused.value)
+    fix = re.search(r'LocalCluster\(processes=False, memory_limit="(\d+GiB)"\), or no limit, '
+                    r"memory_limit=0", line)
+    assert fix and "threads of that process, and Dask pauses each one" in line, line
+    assert "own limit, 300.0 MiB" in line, line
+    for limit in (fix.group(1), 0):
+        with LocalCluster(n_workers=4, processes=False, threads_per_worker=1,
+                          memory_limit=limit, dashboard_address=None) as cluster, \
+                Client(cluster) as client:
+            check_memory(DaskBackend(client), algo, get_distribution("actors-learner"),
+                         _place(client, algo))
+            assert client.submit(abs, -1, pure=False).result(timeout=30) == 1

@@ -17,6 +17,7 @@ An algorithm without ``sizes`` is not checked.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -217,16 +218,33 @@ def _refusal(algo: Algorithm, need: WorkerNeed, limit: int) -> str:
         return (f"{need.worker} would need about {format_bytes(need.total)} for this run "
                 f"({held}: {need.describe()}); its {len(need.workers)} workers are threads of "
                 f"that process, and Dask pauses each one once the process's memory nears its "
-                f"own limit, {format_bytes(limit)}: give every worker the process's budget "
-                f"(e.g. LocalCluster(processes=False, memory_limit=\"16GiB\"); Dask's default "
-                f"divides the machine's memory among them), or {FIXES[largest]} (now "
-                f"--num-envs {algo.num_envs}, --num-steps {algo.num_steps}, --num-actors "
-                f"{algo.num_actors})")
+                f"own limit, {format_bytes(limit)} (a LocalCluster's default divides the "
+                f"machine's memory among its workers), so no task would run there: give every "
+                f"worker the process's budget, LocalCluster(processes=False, "
+                f"memory_limit=\"{thread_budget(need.total)}\"), or no limit, memory_limit=0; "
+                f"or {FIXES[largest]} (now --num-envs {algo.num_envs}, --num-steps "
+                f"{algo.num_steps}, --num-actors {algo.num_actors})")
     return (f"worker {need.worker!r} would need about {format_bytes(need.total)} for this run "
             f"({held or 'no replicas'}: {need.describe()}) but its memory limit is "
             f"{format_bytes(limit)}: {FIXES[largest]} (now --num-envs {algo.num_envs}, "
             f"--num-steps {algo.num_steps}, --num-actors {algo.num_actors}; one env step holds "
             f"{format_bytes(step)}), or give the workers more memory")
+
+
+def thread_budget(total: int) -> str:
+    """A ``memory_limit`` for thread workers under which a process holding ``total`` bytes
+    stays below Dask's pause threshold (``distributed.worker.memory.pause``, 80 %), in whole
+    GiB.
+
+    Examples
+    --------
+    >>> thread_budget(3 * 2**30)
+    '4GiB'
+    """
+    import dask
+
+    pause = dask.config.get("distributed.worker.memory.pause") or 1.0
+    return f"{max(1, math.ceil(total / pause / 2**30))}GiB"
 
 
 def _runs(replicas: list[int]) -> str:
