@@ -223,3 +223,46 @@ def test_thread_workers_give_the_callers_blas_count_back(tmp_path):
     assert counts["seen"] == [1, [1]], counts  # the grant held inside the task
     assert counts["after"] == counts["before"], counts
 
+
+# ------------------------------------------- many thread workers: Dask's per-worker upkeep
+
+
+def _profiling(client: Client) -> set[bool]:
+    return set(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
+               .values())
+
+
+def test_many_thread_workers_with_the_profiler_on_are_named_in_one_line(capfd):
+    """A user's cluster of thread workers made with Dask's defaults (the profiler on, every
+    10 ms per worker) gets one line of advice; one made under quiet_upkeep(), and daskrl's
+    own thread workers, get none."""
+    import dask
+
+    from daskrl.cluster.local import local_cluster
+    from daskrl.cluster.upkeep import MANY_WORKERS, quiet_upkeep, upkeep_advice
+    from daskrl.runtime.backend import DaskBackend
+
+    configure_dask()  # as daskrl.train does in the user's process, after their cluster
+    with dask.config.set({"distributed.worker.profile.enabled": True}):  # Dask's default
+        users = LocalCluster(n_workers=MANY_WORKERS, processes=False, threads_per_worker=1,
+                             memory_limit=0, dashboard_address=None)
+    with users, Client(users) as client:
+        client.wait_for_workers(MANY_WORKERS, timeout=60)
+        assert _profiling(client) == {True}
+        DaskBackend(client)
+        line = capfd.readouterr().err
+        assert f"daskrl: {MANY_WORKERS} Dask workers share process " in line, line
+        assert "quiet_upkeep()" in line and line.count("\n") == 1, line
+        assert upkeep_advice(client, many=MANY_WORKERS + 1) is None  # fewer than that
+    with quiet_upkeep():
+        quiet = LocalCluster(n_workers=4, processes=False, threads_per_worker=1,
+                             memory_limit=0, dashboard_address=None)
+    with quiet, Client(quiet) as client:
+        assert _profiling(client) == {False} and upkeep_advice(client, many=4) is None
+    with local_cluster([{"CPU": 1}] * 4, processes=False, dashboard_address=None) as own, \
+            Client(own) as client:
+        client.wait_for_workers(4, timeout=60)
+        assert _profiling(client) == {False} and upkeep_advice(client, many=4) is None
+        ticks = client.run(lambda dask_worker: dask_worker.periodic_callbacks["tick"]
+                           .callback_time)
+        assert set(ticks.values()) == {1000}, ticks  # quiet_upkeep's tick: 1 s, not 20 ms

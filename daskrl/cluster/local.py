@@ -17,11 +17,13 @@ from distributed import (
     LocalCluster,
     Security,
     SpecCluster,
+    Worker,
     fire_and_forget,
     wait,
 )
 
 from daskrl.cluster.forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
+from daskrl.cluster.upkeep import quiet_upkeep
 from daskrl.compat import serve_dashboard_on_demand
 from daskrl.core.worker_state import register
 
@@ -121,7 +123,10 @@ def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, f
         cluster.worker_spec[f"w{i}"] = {"cls": cls,
                                         "options": {**base, "resources": dict(res)}}
     if worker_resources:
-        sync_workers(cluster)
+        # thread workers (no nanny) share this process and its event loop, where their
+        # upkeep adds up (daskrl.cluster.upkeep); they read the settings as they start
+        with quiet_upkeep() if cls is Worker else contextlib.nullcontext():
+            sync_workers(cluster)
 
 
 class ClusterStart:

@@ -19,6 +19,7 @@ from daskrl.cluster.local import (
     worker_processes,
     worker_resources,
 )
+from daskrl.cluster.upkeep import advise
 from daskrl.core.fragment import Fragment
 from daskrl.core.worker_state import mark_driver_process
 from daskrl.core.worker_state import register as register_resident_state
@@ -38,7 +39,8 @@ class DaskBackend:
 
     Subscribes to the scheduler's membership reports (:class:`MembershipPlugin`) on
     creation, so the scheduler must be able to import daskrl, as it already must to check
-    annotations.
+    annotations; prints :func:`~daskrl.cluster.upkeep.upkeep_advice`'s line when many
+    workers share a process with Dask's per-worker upkeep on.
     """
 
     name = "distributed"
@@ -53,6 +55,7 @@ class DaskBackend:
             client.register_plugin(TaskClock())
             self._await_subscription()
             register_resident_state(client)  # once per cluster: a no-op when it has it
+            advise(client)  # many thread workers with Dask's upkeep on: say what slows them
 
     def _await_subscription(self, timeout: float = 30.0) -> None:
         """Return once this client hears the topic, so no later departure can be missed.
