@@ -188,9 +188,12 @@ class RunLoop:
                 self._check_pins()
             try:
                 return handle.result(timeout=fetch)
-            except TimeoutError:
+            except (TimeoutError, UnboundLocalError):
+                # UnboundLocalError: on an event loop too busy to answer in time (many thread
+                # workers' upkeep), distributed.utils.sync lets the wait's CancelledError pass
+                # and returns a result it never set; the task itself is fine: ask again
                 if handle.status == "error":
-                    raise  # the task's own TimeoutError
+                    raise  # the task's own error
                 self._check_pins()
                 fetch = min(2 * fetch, 60.0)  # large data on a slow link: wait longer each time
 
