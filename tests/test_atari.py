@@ -14,8 +14,10 @@ from dask.sizeof import sizeof
 from distributed import Client, LocalCluster
 
 from daskrl.algos.actor_critic import VecEnvActor
+from daskrl.algos.categorical import CNNActorCritic
+from daskrl.algos.layers import nature_cnn
 from daskrl.algos.learner import ActorCriticLearner, batch_tensors
-from daskrl.algos.networks import CNNActorCritic, actor_critic_for, nature_cnn
+from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.ppo import PPOHyper
 from daskrl.core.envs import check_env_id, env_spaces
 

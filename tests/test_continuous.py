@@ -14,8 +14,9 @@ import torch
 from distributed import Client
 
 from daskrl.algos.actor_critic import VecEnvActor, policy_module
+from daskrl.algos.gaussian import GaussianActorCritic
 from daskrl.algos.learner import ActorCriticLearner
-from daskrl.algos.networks import GaussianActorCritic, actor_critic_for
+from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.normalize import (
     EPS,
     Moments,

@@ -12,10 +12,10 @@ from torch import nn
 
 from daskrl.algos import losses
 from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
+from daskrl.algos.categorical import DiscreteActorCritic, sample
 from daskrl.algos.gae import gae
 from daskrl.algos.learner import ActorCriticLearner
 from daskrl.algos.losses import normalize, policy_loss, value_loss
-from daskrl.algos.networks import DiscreteActorCritic, sample
 from daskrl.algos.ppo import PPOHyper, ppo_loss
 
 pytestmark = pytest.mark.timeout(60)

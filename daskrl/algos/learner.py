@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from daskrl.algos.categorical import DiscreteActorCritic
 from daskrl.algos.losses import PPO_PARTS
-from daskrl.algos.networks import DiscreteActorCritic
 from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
 from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
 from daskrl.core.algorithm import Batch, UpdatePlan
