@@ -52,11 +52,16 @@ def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutpu
     """
     if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    return chained(ctx, learner_in, count, lambda c, cur: _one_iteration(c, algo, cur))
+    last = ctx.iteration + count - 1
+    return chained(ctx, learner_in, count,
+                   lambda c, cur: _one_iteration(c, algo, cur, final=c.iteration == last))
 
 
-def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
-                   ) -> LearnerOutput:
+def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
+                   final: bool = True) -> LearnerOutput:
+    """One iteration; only the task's ``final`` one returns the learner's state: the ones
+    before it hand over to the resident learner, and a state can be costly (a replay's
+    contents are copied)."""
     t0 = time.time()
     replicas = tuple(range(algo.num_actors))
     actor, actor_built = resident_actor(ctx, algo, replicas, role="single",
@@ -78,8 +83,8 @@ def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
                              "learner_worker": worker_name(), "learner_built": built,
                              "learn_t_start": t2, "learn_t_end": end}
     metrics.update(extra)
-    return LearnerOutput(learner_in.version + 1, learner.state_dict(), learner.weights(),
-                         metrics, snapshots([stats]))
+    return LearnerOutput(learner_in.version + 1, learner.state_dict() if final else {},
+                         learner.weights(), metrics, snapshots([stats]))
 
 
 class Single(Distribution):
