@@ -4,6 +4,11 @@ Run: ``daskrl train graphs/impala.py --env CartPole-v1 --steps 500000`` (the gra
 distribution is ``impala``: each actor keeps rollouts in flight, the learner updates on each
 batch as it lands and V-trace corrects for the policy lag). Under a synchronous distribution
 (``--distribution actors-learner``) the same fragments run with lag 0 or 1.
+
+Discrete actions, or continuous ones (1-D Box: Pendulum-v1, MuJoCo) from a Gaussian policy
+whose per-step log-probability is the log-density of the whole action vector (summed over
+its dimensions), as V-trace's importance weights need:
+``daskrl train graphs/impala.py --env Pendulum-v1``.
 """
 
 from __future__ import annotations
@@ -11,19 +16,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+import gymnasium as gym
+import numpy as np
+
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import evaluate_policy, policy_module
+from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
-from daskrl.core.envs import make_vector_env, space_dims
-from daskrl.core.sizes import Sizes, mlp_params, transition_bytes
+from daskrl.core.envs import env_spaces
+from daskrl.core.sizes import Sizes, transition_bytes
 
 
 @dataclass
 class Config:
     """IMPALA settings; each field is a ``--flag`` of ``daskrl train graphs/impala.py``."""
 
-    env: str = setting("gymnasium env id (discrete actions, flat observations)", "CartPole-v1")
+    env: str = setting("gymnasium env id (flat observations; discrete or 1-D Box actions)",
+                       "CartPole-v1")
     num_actors: int = setting("actors (each with its own envs and rollouts in flight)", 2)
     num_envs: int = setting("envs per actor", 8)
     num_steps: int = setting("steps per env per rollout (the V-trace sequence length)", 32)
@@ -54,12 +64,13 @@ def make_actor(config: Config, seed: int) -> SequenceActor:
                          config.env_step_cost)
 
 
-def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str
+def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int, device: str
                  ) -> VTraceLearner:
-    """Role ``learner``: the network and optimiser, on ``device``."""
-    return VTraceLearner(obs_dim, num_actions, seed, (config.hidden,) * 2, config.hyper(), device,
-                         config.compile, rho_bar=config.rho_bar, c_bar=config.c_bar,
-                         loss="actor-critic")
+    """Role ``learner``: the network (the head for ``spaces``) and optimiser, on ``device``."""
+    hidden = (config.hidden,) * 2
+    return VTraceLearner(0, 0, seed, hidden, config.hyper(), device, config.compile,
+                         rho_bar=config.rho_bar, c_bar=config.c_bar, loss="actor-critic",
+                         network=partial(actor_critic_for, *spaces, hidden))
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
@@ -73,15 +84,20 @@ def build(config: Config) -> Algorithm:
     for flag, value in (("--rho-bar", config.rho_bar), ("--c-bar", config.c_bar)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
-    probe = make_vector_env(config.env, 1, seed=0)  # checks the env id and reads its spaces
-    obs_dim, num_actions = space_dims(probe)
-    probe.close()
+    spaces = env_spaces(config.env)  # checks the env id and reads its spaces
     hidden = (config.hidden,) * 2
-    params = mlp_params(obs_dim, num_actions, hidden) + mlp_params(obs_dim, 1, hidden)
+    net = actor_critic_for(*spaces, hidden)  # refuses spaces no head serves, in one line
+    if len(spaces[0].shape) != 1:
+        raise ValueError(f"--env {config.env}: observations of shape {spaces[0].shape}; "
+                         "graphs/impala.py serves flat observations (use graphs/ppo.py for "
+                         "images)")
+    obs_dim = int(np.prod(spaces[0].shape))
+    params = sum(p.numel() for p in net.parameters())
+    action_bytes = 4 * int(np.prod(net.action_shape)) if net.action_shape else 8
     return Algorithm(
         name="impala",
         make_actor=partial(make_actor, config),
-        make_learner=partial(make_learner, config, obs_dim, num_actions),
+        make_learner=partial(make_learner, config, spaces),
         evaluate=partial(evaluate, config),
         make_policy=partial(policy_module, config.env, hidden),
         num_steps=config.num_steps,
@@ -93,7 +109,7 @@ def build(config: Config) -> Algorithm:
             "evaluate": Resources(cpu=1),
         },
         env_id=config.env,
-        sizes=Sizes(transition_bytes(obs_dim), params),
+        sizes=Sizes(transition_bytes(obs_dim, action_bytes=action_bytes), params),
         capabilities={"vtrace", "gradients", "resizable-actor"},
         distribution="impala",
     )

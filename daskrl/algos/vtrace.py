@@ -17,19 +17,19 @@ targets (:func:`daskrl.algos.losses.vtrace`) before its gradient steps:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from daskrl.algos import losses
-from daskrl.algos.actor_critic import EnvRunner
+from daskrl.algos.actor_critic import EnvRunner, spaces_of
 from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, shuffled_minibatches
-from daskrl.algos.networks import DiscreteActorCritic, sample
+from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.ppo import PPOHyper
 from daskrl.core.algorithm import Batch
-from daskrl.core.envs import make_vector_env, space_dims
 
 SEQUENCE_KEYS = ("obs", "actions", "logp", "rewards", "discounts", "valid", "last_obs")
 """The arrays of a sequence batch; each is ``[envs, steps, ...]`` but ``last_obs``
@@ -40,6 +40,12 @@ different env counts concatenate along the first axis."""
 class SequenceActor:
     """A vector env and a policy copy whose rollouts are sequences of exactly ``num_steps``
     steps per env (``[envs, steps]``: :data:`SEQUENCE_KEYS`), for a V-trace learner.
+
+    The policy is the env's actor-critic head (:func:`~daskrl.algos.networks.actor_critic_for`
+    over flat observations): discrete actions, or 1-D Box actions from a Gaussian, whose
+    ``logp`` is the log-density of the whole action vector (summed over its dimensions, the
+    per-step log pi V-trace's importance weights need). Box actions are recorded as sampled;
+    the env runner clips what it sends to the env.
 
     The step after an episode ends is gymnasium's reset step: it is kept in the sequence
     and marked invalid (``valid``), and ``discounts`` is ``gamma`` but 0 where an episode
@@ -59,8 +65,14 @@ class SequenceActor:
                  gamma: float = 0.99, step_cost: float = 0.0) -> None:
         self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
         self.gamma, self.step_cost = gamma, step_cost
-        self.obs_dim, num_actions = _dims(env_id)
-        self.net = DiscreteActorCritic(self.obs_dim, num_actions, hidden)
+        obs_space, action_space = spaces_of(env_id)
+        if len(obs_space.shape) != 1:
+            raise ValueError(f"{env_id}: observations of shape {obs_space.shape}; V-trace actors "
+                             "serve flat observations (flatten them with a wrapper)")
+        self.obs_dim = int(np.prod(obs_space.shape))
+        self.net = actor_critic_for(obs_space, action_space, hidden)
+        self.action_shape: tuple[int, ...] = tuple(self.net.action_shape)
+        self.action_dtype = self.net.action_dtype
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
         self._runner: EnvRunner | None = None
@@ -89,7 +101,7 @@ class SequenceActor:
         runner, n, t_start = self.runner, self.num_envs, time.time()
         env_s, inference_s = runner.step_s, 0.0
         obs = np.zeros((num_steps, n, self.obs_dim), dtype=np.float32)
-        actions = np.zeros((num_steps, n), dtype=np.int64)
+        actions = np.zeros((num_steps, n, *self.action_shape), dtype=self.action_dtype)
         logp = np.zeros((num_steps, n), dtype=np.float32)
         rewards = np.zeros((num_steps, n), dtype=np.float32)
         discounts = np.zeros((num_steps, n), dtype=np.float32)
@@ -99,8 +111,7 @@ class SequenceActor:
         for t in range(num_steps):
             t0 = time.perf_counter()
             obs[t] = np.asarray(runner.obs, dtype=np.float32).reshape(n, -1)
-            with torch.inference_mode():
-                a, lp = sample(self.net.actor(torch.from_numpy(obs[t])), self.generator)
+            a, lp, _ = self.net.act(obs[t], self.generator)
             actions[t], logp[t] = a.numpy(), lp.numpy()
             inference_s += time.perf_counter() - t0
             step = runner.step(actions[t].copy())
@@ -109,7 +120,8 @@ class SequenceActor:
             returns.extend(step.episode_returns)
             lengths.extend(step.episode_lengths)
         batch: dict[str, Any] = {
-            "obs": obs.swapaxes(0, 1).copy(), "actions": actions.T.copy(), "logp": logp.T.copy(),
+            "obs": obs.swapaxes(0, 1).copy(), "actions": actions.swapaxes(0, 1).copy(),
+            "logp": logp.T.copy(),
             "rewards": rewards.T.copy(), "discounts": discounts.T.copy(), "valid": valid.T.copy(),
             "last_obs": np.asarray(runner.obs, dtype=np.float32).reshape(n, -1).copy(),
         }
@@ -127,18 +139,6 @@ class SequenceActor:
             self._runner.close()
 
 
-_DIMS: dict[str, tuple[int, int]] = {}
-
-
-def _dims(env_id: str) -> tuple[int, int]:
-    """Flat observation size and action count of ``env_id`` (probed once per process)."""
-    if env_id not in _DIMS:
-        probe = make_vector_env(env_id, 1, seed=0)
-        _DIMS[env_id] = space_dims(probe)
-        probe.close()
-    return _DIMS[env_id]
-
-
 class VTraceLearner(ActorCriticLearner):
     """An :class:`~daskrl.algos.learner.ActorCriticLearner` whose advantages and value
     targets are V-trace's, computed at the learner from the batches' sequences.
@@ -153,6 +153,9 @@ class VTraceLearner(ActorCriticLearner):
         V-trace's truncation of the importance weights.
     loss : ``"actor-critic"`` or ``"ppo"``
         IMPALA's one-step loss, or PPO's clipped surrogate over ``hp``'s epochs.
+    network : callable, optional
+        Builds the network (default: a discrete head of ``obs_dim`` and ``num_actions``);
+        e.g. ``partial(actor_critic_for, obs_space, action_space, hidden)`` for Box actions.
 
     Examples
     --------
@@ -168,13 +171,13 @@ class VTraceLearner(ActorCriticLearner):
     def __init__(self, obs_dim: int, num_actions: int, seed: int,
                  hidden: tuple[int, ...] = (64, 64), hp: PPOHyper | None = None,
                  device: str = "cpu", compile: bool = False, *, rho_bar: float = 1.0,
-                 c_bar: float = 1.0, loss: Literal["actor-critic", "ppo"] = "actor-critic"
-                 ) -> None:
+                 c_bar: float = 1.0, loss: Literal["actor-critic", "ppo"] = "actor-critic",
+                 network: Callable[[], nn.Module] | None = None) -> None:
         if loss not in ("actor-critic", "ppo"):
             raise ValueError(f"loss={loss!r}: choose 'actor-critic' (IMPALA) or 'ppo'")
         self.kind = loss
         self.rho_bar, self.c_bar = rho_bar, c_bar
-        super().__init__(obs_dim, num_actions, seed, hidden, hp, device, compile)
+        super().__init__(obs_dim, num_actions, seed, hidden, hp, device, compile, network)
         if loss == "actor-critic":
             self.parts = losses.A2C_PARTS
         self._vtrace_metrics: dict[str, float] = {}
@@ -194,9 +197,9 @@ class VTraceLearner(ActorCriticLearner):
         self.schedule(progress)
         seq = batch_tensors([{k: b[k] for k in (*SEQUENCE_KEYS, "stats")} for b in batches],
                             self.device)
-        envs, steps = seq["actions"].shape
+        envs, steps = seq["actions"].shape[:2]
         obs = seq["obs"].reshape(envs * steps, -1).float()
-        actions = seq["actions"].reshape(-1)
+        actions = seq["actions"].reshape(envs * steps, *seq["actions"].shape[2:])
         valid = seq["valid"].bool()
         with torch.no_grad():
             target_logp, _, values = self.net.evaluate(obs, actions)

@@ -64,7 +64,8 @@ def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Plac
     offered = backend.workers(fragments)
     placement = plan_placement(fragments, offered)
     distribution.check_placement(placement, algo)
-    distribution.check_capacity(placement, offered, algo)
+    if backend.name != "sync":  # one process running every task in turn holds nothing at once
+        distribution.check_capacity(placement, offered, algo)
     return placement
 
 
