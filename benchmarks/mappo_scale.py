@@ -194,6 +194,12 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
                workers=workers, envs=envs * workers, num_minibatches=mb, device="cpu",
                update_epochs=update_epochs, worker_malloc=worker_malloc,
                overhead_s=statistics.median(float(r["overhead_s"]) for r in rows))
+    if rows and rows[0].get("update_cpu_s"):  # replica 0's own CPU time in the update
+        cpu = [float(r["update_cpu_s"]) for r in rows]
+        out["update_cpu_s"] = statistics.median(cpu)
+        out["update_wait_s"] = statistics.median(
+            float(r["update_s"]) - c for r, c in zip(rows, cpu, strict=True))
+        out["sync_rounds"] = update_epochs * mb + 1 if workers > 1 else 0
     return out
 
 

@@ -200,7 +200,8 @@ class MAPPOLearner:
         """Start an update: fold ``statistics`` (default: these batches' own) into the value
         normalisers, set the learning rate, return ``update_epochs * num_minibatches``
         minibatches of (step, env) slots with each trained team's loss inputs."""
-        self._t0 = time.time()
+        self._t0, cpu0 = time.time(), time.thread_time()
+        self._cpu = 0.0
         stats = self.statistics(batches) if statistics is None else statistics
         data = concat(batches, self.device)
         n = len(data["obs"])
@@ -227,15 +228,18 @@ class MAPPOLearner:
                 plan.append({"obs": data["obs"][idx], "actions": data["actions"][idx],
                              "teams": {t: {k: v[idx].reshape(-1) for k, v in parts.items()}
                                        for t, parts in team.items()}})
+        self._cpu += time.thread_time() - cpu0
         return plan
 
     def compute_gradients(self, minibatch: dict[str, Any]
                           ) -> tuple[list[Tensor], dict[str, float]]:
         """Autograd gradients of the sum of the trained teams' PPO losses, and each team's
         loss parts (``losses/<part>/<team>``)."""
+        cpu0 = time.thread_time()
         loss, parts = self._losses(minibatch["obs"], minibatch["actions"], minibatch["teams"])
         grads = torch.autograd.grad(loss, self.params)
         values = parts.tolist()
+        self._cpu += time.thread_time() - cpu0
         names = self.layout.names
         return list(grads), {f"losses/{part}/{names[t]}": values[i][j]
                              for i, t in enumerate(self.teams) for j, part in enumerate(PARTS)}
@@ -263,11 +267,13 @@ class MAPPOLearner:
         """Clip each team's actor and critic gradients on their own, then one Adam step."""
         if len(grads) != len(self.params):
             raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
+        cpu0 = time.thread_time()
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g.to(p.device)
         for group in self.groups:
             nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
         self.optimizer.step()
+        self._cpu += time.thread_time() - cpu0
 
     def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
         """Mean losses per team and over teams, explained variance, team returns (over every
@@ -285,7 +291,10 @@ class MAPPOLearner:
         update_s = time.time() - self._t0
         rollout_s = max(s["t_end"] - s["t_start"] for s in batch_stats)
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        metrics.update(update_s=update_s,
+        # update_cpu_s: this thread's CPU time in the update's own work (minibatches,
+        # gradients, steps). Apart from other jobs' load, update_s - update_cpu_s is time spent
+        # waiting between steps: in data-parallel, for the other replicas' gradients.
+        metrics.update(update_s=update_s, update_cpu_s=self._cpu,
                        agent_steps_per_s=metrics["agent_steps"] / max(rollout_s + update_s, 1e-9))
         del self._update
         return metrics
