@@ -296,6 +296,43 @@ def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, tmp_path):
     print(f"slurm PPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
 
 
+def test_impala_free_running_actors_on_slurm_jobs(slurm_node, tmp_path):
+    """IMPALA on a Slurm pool: two CPU jobs, an actor in each (the learner beside one of
+    them, on its own clock); every iteration's batches land, and the jobs are cancelled."""
+    impala = load_graph(str(REPO / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=2, num_envs=4, num_steps=32, eval_episodes=2))
+    dist = get_distribution("impala:iterations_per_task=2")
+    spec = JobQueueSpec(kind="slurm", cores=1, memory="1GB", walltime="00:10:00", cpu_jobs=2,
+                        log_directory=str(tmp_path / "jobs"), start_timeout="90s")
+    t0 = time.monotonic()
+    cluster, client = start_pools(spec, algo, dist)
+    ids = cluster.job_ids()
+    try:
+        assert set(ids) == {"cpu-0", "cpu-1"}
+        out = tmp_path / "run"
+        summary = train(client, algo, dist,
+                        RunSettings(out=out, steps=6 * 256, progress=False, tensorboard=False))
+        with open(out / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert [int(r["iteration"]) for r in rows] == list(range(1, 7))
+        assert all(len(r["policy_lags"].split()) == 2 for r in rows)  # both actors' batches
+        assert {r["learner_worker"] for r in rows} <= set(ids)
+        # an actor in each job (in so short a run the learner may take every batch from the
+        # first actor whose worker warmed up: it takes batches as they land)
+        assert sorted(summary["placement"]["rollout"]) == sorted(ids), summary["placement"]
+        assert {w.split("@")[1] for r in rows for w in r["rollout_workers"].split(";")} <= set(
+            ids)
+        assert summary["distribution"] == "impala" and summary["env_steps"] > 0
+    finally:
+        client.close()
+        cluster.close()
+    deadline = time.monotonic() + 30
+    while queued(ids.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
+    print(f"slurm IMPALA run with jobs {ids}: {time.monotonic() - t0:.1f}s")
+
+
 def test_mappo_trains_on_slurm_jobs_through_the_cli_and_cancels_them(slurm_node, tmp_path,
                                                                      capsys):
     # two rollout replicas and the learner: a CPU job and a GPU job when the node has a GPU,
