@@ -19,9 +19,11 @@ cpu-stale0
     update), the A/B of the default ``stale=1``.
 
 Per run: steady env-steps/s once the buffer is warm (rows with gradient steps, the first of
-them left out), the learner's busy share as ``daskrl profile`` prints it (``learner_busy``:
-the share of the time between two learner tasks' ends that it computed), the mean policy lag,
-and the learner's work relative to one actor's (``learn_s / rollout_s`` of the 1-actor runs).
+them left out, and the last 4: the driver keeps 4 iterations in flight, so the actors run
+that far ahead and the last rows are the learner draining what they left), the learner's
+busy share as ``daskrl profile`` prints it (``learner_busy``: the share of the time between
+two learner tasks' ends that it computed), the mean policy lag, and the learner's work
+relative to one actor's (``learn_s / rollout_s`` of the 1-actor runs).
 
 The learner shares a worker with an actor once there are 2 actors on 2 workers, and every
 iteration waits for the slower of the two, so with ``l`` the learner's seconds per 1-actor
@@ -124,6 +126,11 @@ def run_once(out: Path, kind: str, actors: int, seed: int, args: argparse.Namesp
             "load_before": before, "load_after": after}
 
 
+LOOKAHEAD = 4
+"""The driver's graphs in flight (``RunSettings.lookahead``): the actors run up to this many
+iterations ahead of the recorded ones, so a run's last rows come at the learner's pace."""
+
+
 def _num(value: str | None) -> float:
     try:
         return float(value) if value not in (None, "") else math.nan
@@ -135,8 +142,10 @@ def boil(rows: list[dict[str, str]]) -> dict[str, Any]:
     """Steady env-steps/s, learner busy share, policy lag and learner/rollout seconds."""
     warm = [r for r in rows if _num(r.get("gradient_steps")) > 0][1:]
     out: dict[str, Any] = {"iterations": len(rows), "warm_iterations": len(warm)}
-    if len(warm) >= 2:
-        a, b = warm[0], warm[-1]
+    # the last LOOKAHEAD rows are the learner draining rollouts done earlier: left out
+    timed = warm[:-LOOKAHEAD] if len(warm) > LOOKAHEAD + 2 else warm
+    if len(timed) >= 2:
+        a, b = timed[0], timed[-1]
         out["steps_per_s"] = ((_num(b["env_steps"]) - _num(a["env_steps"]))
                               / (_num(b["wall_s"]) - _num(a["wall_s"])))
 
