@@ -14,6 +14,7 @@ from daskrl.algos.replay import (
     concat_steps,
     merge_samples,
     nstep_transitions,
+    reshard,
     transition_nbytes,
 )
 
@@ -179,3 +180,29 @@ def test_one_million_cartpole_transitions_fit_in_100_mib():
 def test_sampling_an_empty_buffer_names_learning_starts():
     with pytest.raises(ValueError, match="--learning-starts"):
         PrioritizedReplay(4).sample(2)
+
+
+def test_reshard_deals_every_saved_transition_with_its_priority():
+    """Three saved shards (one wrapped past its capacity) dealt over two: every transition
+    lands once with its priority, oldest first in each new shard; a smaller capacity keeps the
+    newest, as FIFO eviction would."""
+    rng = np.random.default_rng(0)
+    shards = [PrioritizedReplay(6, alpha=1.0, seed=j) for j in range(3)]
+    for j, buf in enumerate(shards):
+        n = 9 if j == 0 else 4  # shard 0 wraps: its rows 0-2 hold the newest
+        x = 100.0 * j + np.arange(n)
+        buf.add({"x": x}, rng.random(n) + 0.1)
+    saved = [b.state_dict() for b in shards]
+    prio = {float(x): float(p) for b in shards for x, p in
+            zip(b.data["x"][:len(b)], b.tree.leaves(np.arange(len(b))), strict=True)}
+    new = [PrioritizedReplay(16, alpha=1.0, seed=9) for _ in range(2)]
+    for j, buf in enumerate(new):
+        buf.load_state_dict(reshard(saved, 2, j, 16))
+    got = [float(x) for b in new for x in b.data["x"][:len(b)]]
+    assert sorted(got) == sorted(prio)  # every saved transition, once
+    for b in new:
+        assert b.tree.total == pytest.approx(sum(prio[float(x)] for x in b.data["x"][:len(b)]))
+    assert new[0].data["x"][:3].tolist() == [3.0, 5.0, 7.0]  # shard 0 oldest first, dealt
+    small = PrioritizedReplay(2, alpha=1.0)
+    small.load_state_dict(reshard(saved, 1, 0, 2))
+    assert sorted(small.data["x"].tolist()) == [202.0, 203.0]  # the newest kept
