@@ -189,9 +189,11 @@ def test_reshard_deals_every_saved_transition_with_its_priority():
     rng = np.random.default_rng(0)
     shards = [PrioritizedReplay(6, alpha=1.0, seed=j) for j in range(3)]
     for j, buf in enumerate(shards):
-        n = 9 if j == 0 else 4  # shard 0 wraps: its rows 0-2 hold the newest
-        x = 100.0 * j + np.arange(n)
-        buf.add({"x": x}, rng.random(n) + 0.1)
+        x = 100.0 * j + np.arange(9 if j == 0 else 4)
+        for part in (x[:4], x[4:]):  # shard 0 wraps: its rows 0-2 hold the newest
+            if len(part):
+                buf.add({"x": part}, rng.random(len(part)) + 0.1)
+    assert shards[0].data["x"][:3].tolist() == [6.0, 7.0, 8.0]
     saved = [b.state_dict() for b in shards]
     prio = {float(x): float(p) for b in shards for x, p in
             zip(b.data["x"][:len(b)], b.tree.leaves(np.arange(len(b))), strict=True)}
