@@ -96,6 +96,53 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def spread_as_published(per_agent: float, agents: int = 3, steps: int = 25) -> float:
+    """Our simple spread return (mpe2, ``local_ratio=0.5``: per agent per episode, the mean
+    over agents) in the units of the MAPPO paper's code (``marlbenchmark/on-policy``:
+    every agent gets the sum over agents of the original MPE rewards, each of which holds
+    the whole landmark term and a -1 per step for the agent colliding with itself; logged
+    as the mean step reward times the episode length).
+
+    With ``L`` the landmark term and ``C`` the colliding pairs, summed over an episode, ours
+    is ``0.5 L - 0.5 (2 C / N)`` per agent and theirs ``N L - 2 C - N T``; for ``N = 3`` both
+    collision terms match and theirs = ``2 N`` ours - ``N T`` (the self-collisions).
+
+    Examples
+    --------
+    >>> spread_as_published(-7.5)
+    -120.0
+    """
+    if agents != 3:
+        raise ValueError("the conversion is exact for N = 3 only (C's weights differ otherwise)")
+    return 2 * agents * per_agent - agents * steps
+
+
+def published_table(rows: list[dict[str, Any]]) -> str:
+    """simple_spread rows (``--critic central``: MAPPO, ``local``: IPPO) against random
+    teams, in our units and in the MAPPO code's units (:func:`spread_as_published`)."""
+    lines = ["| algorithm | env steps x seeds | ours (per agent) | ours, in the paper's units "
+             "| all random (per agent) | all random, paper's units | eval episodes |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for critic, algo in (("central", "MAPPO"), ("local", "IPPO")):
+        mine = [r for r in rows if r["task"] == "simple_spread" and r["critic"] == critic]
+        if not mine:
+            continue
+        ours = [r["eval"]["eval_return_mean/agent"] for r in mine]
+        ses = [r["eval"]["eval_return_se/agent"] for r in mine]
+        rand = [r["eval"]["eval_random_return_mean/agent"] for r in mine]
+        rse = [r["eval"]["eval_random_return_se/agent"] for r in mine]
+        se, rs = (float(np.sqrt(np.sum(np.square(x))) / len(x)) for x in (ses, rse))
+        spread = f" ({min(ours):.1f}..{max(ours):.1f})" if len(ours) > 1 else ""
+        lines.append(
+            f"| {algo} (`--critic {critic}`) | {mine[0]['env_steps']:,} x {len(mine)} | "
+            f"{np.mean(ours):.1f} ± {se:.1f}{spread} | "
+            f"{spread_as_published(float(np.mean(ours))):.0f} ± {6 * se:.0f} | "
+            f"{np.mean(rand):.1f} ± {rs:.1f} | "
+            f"{spread_as_published(float(np.mean(rand))):.0f} ± {6 * rs:.0f} | "
+            f"{mine[0]['eval']['eval_episodes']} x {len(mine)} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Parse flags, run every (task, seed), write JSON and the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -114,11 +161,16 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--md", type=Path)
     p.add_argument("--merge", action="store_true", help="add to the rows already in --json")
+    p.add_argument("--published", action="store_true", help="only print the simple_spread "
+                   "rows of --json against the MAPPO paper's units (runs nothing)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows: list[dict[str, Any]] = []
-    if args.merge and args.json and args.json.exists():
+    if (args.merge or args.published) and args.json and args.json.exists():
         rows = json.loads(args.json.read_text())["rows"]
+    if args.published:
+        print(published_table(rows))
+        return
     for name in args.tasks:
         for seed in args.seeds:
             row = run_task(name, seed, args)

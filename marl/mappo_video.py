@@ -88,11 +88,14 @@ def write_mp4(frames: list[np.ndarray], path: Path, fps: int = 10) -> Path:
 
     Examples
     --------
-    >>> import tempfile, imageio_ffmpeg
-    >>> with tempfile.TemporaryDirectory() as d:
+    >>> import tempfile, imageio_ffmpeg  # doctest: +SKIP
+    >>> with tempfile.TemporaryDirectory() as d:  # doctest: +SKIP
     ...     p = write_mp4([np.zeros((16, 16, 3), np.uint8)] * 8, Path(d) / "v.mp4")
     ...     imageio_ffmpeg.count_frames_and_secs(str(p))[0]
     8
+
+    (Skipped in the doctests, which run without the ``video`` extra;
+    ``tests/test_marl_eval.py`` counts the frames of real videos.)
     """
     try:
         import imageio_ffmpeg
