@@ -14,15 +14,15 @@ it for iterations ``[i, i + count)`` and waits for them seceded
 - the *learner* takes staged batches and updates on each, publishing every new weights
   version (:class:`~daskrl.distributions.free_running.Publisher`).
 
-Why a resident loop rather than a learner task that secedes and loops over batches: a task
-that secedes must still *start*, and each learner task starts on a worker thread that a
-rollout may hold (one thread per worker, actors on the learner's worker), then waits for the
-driver's next task, so the learner stood still at every task boundary; measured on 2
-workers with 2 actors, about half of the wall time (``benchmarks/impala.md``). The resident
-loop keeps updating while the next task waits for a thread: the clock may run up to one
-task's worth of iterations beyond the last task asked for (so a late task finds its
-iterations done: ``learner_ahead`` in the metrics counts them) and no further (a stopped
-driver does not leave it training). A ``distributed.Queue`` between feeder and learner was
+Why a resident loop rather than a learner task that secedes and loops over batches (the
+previous design): a task that secedes must still *start*, and each learner task starts on a
+worker thread that a rollout may hold (one thread per worker, actors on the learner's
+worker), after the driver has seen the previous task end, so the learner stood still at
+every task boundary (``learner_idle_s``: about a rollout's time per task with a 1 ms/step
+env). The resident loop keeps updating while the next task waits for a thread: the clock
+may run up to one task's worth of iterations beyond the last task asked for (so a late task
+finds its iterations done: ``learner_ahead`` in the metrics counts them) and no further (a
+stopped driver does not leave it training). A ``distributed.Queue`` between feeder and learner was
 not used: the batches would pass through the scheduler (one more hop, and no recomputation
 of a batch lost with a worker); futures fetched by ``as_completed`` go worker to worker.
 
