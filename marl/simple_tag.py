@@ -68,23 +68,16 @@ overrides being fields of :class:`SimpleTagConfig` (``num_good=1``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from marl._simple_tag_config import SimpleTagConfig, SimpleTagState
-from marl._simple_tag_kernels import (
-    ActionMap,
-    PassResult,
-    TagConstants,
-    dense_pass,
-    integrate,
-    rewards,
-)
-from marl._simple_tag_obs import make_layout, observe
-from marl._simple_tag_pairs import PairEngine
+from marl._simple_tag_kernels import ActionMap, PassResult, TagConstants, integrate, rewards
+from marl._simple_tag_obs import make_layout
+from marl._simple_tag_passes import NeighbourPass
 
 __all__ = ["SimpleTag", "SimpleTagConfig", "SimpleTagState"]
 
@@ -152,13 +145,9 @@ class SimpleTag:
         self.state_dim = int(self.obs_dims.sum())
         mask = torch.arange(self.obs_dim, device=dev)[None, :] < self.obs_dims[:, None]
         self._state_mask = None if bool(mask.all()) else mask.reshape(-1)
-        method = cfg.neighbor_method
-        if method == "auto":
-            method = "pairs" if a <= 32 else "dense" if a <= cfg.grid_threshold else "grid"
-        self.neighbor_method = method
-        self._engine = PairEngine(self.constants, self.layout) if method == "pairs" else None
-        self._pair_obs = method == "pairs" and k is None and kl is None
-        self._pass_fn = self._make_pass(method)
+        self._passes = NeighbourPass(self.constants, self.layout, cfg)
+        self.neighbor_method = self._passes.method
+        self._pass_fn = self._passes.run
         self._actions = ActionMap(self.constants, num_envs, cfg.continuous_actions,
                                   self.agent_names)
         self._cap = self.constants.max_speed.expand(num_envs, a).contiguous()
@@ -171,33 +160,8 @@ class SimpleTag:
         self._res: PassResult | None = None
         self._obs: Tensor | None = None
 
-    # ------------------------------------------------------------------ setup
-    def _make_pass(self, method: str) -> Callable[[Tensor, Tensor, Tensor], PassResult]:
-        c, lay, cfg = self.constants, self.layout, self.config
-        k = lay.k_eff if lay.k is not None else None
-        kl = lay.kl_eff if lay.kl is not None else None
-        if self._engine is not None:
-            fn: Callable[[Tensor, Tensor, Tensor], PassResult] = self._engine.pass_
-        elif method == "dense":
-
-            def fn(pos: Tensor, vel: Tensor, lm: Tensor) -> PassResult:
-                return dense_pass(pos, lm, c, k, kl, cfg.chunk_elems)
-
-        else:
-            from marl._simple_tag_grid import grid_pass
-
-            def fn(pos: Tensor, vel: Tensor, lm: Tensor) -> PassResult:
-                return grid_pass(pos, lm, c, k, kl, cfg.chunk_elems)
-
-        if cfg.compile:
-            return torch.compile(fn, dynamic=True)
-        return fn
-
     def _observe(self, pos: Tensor, vel: Tensor, lm: Tensor, res: PassResult) -> Tensor:
-        if self._pair_obs and res.features is not None:
-            assert self._engine is not None
-            return self._engine.observe(res.features)
-        return observe(pos, vel, lm, res, self.constants, self.layout)
+        return self._passes.observe(pos, vel, lm, res)
 
     # ------------------------------------------------------------- properties
     @property
