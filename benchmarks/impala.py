@@ -65,6 +65,8 @@ def run_once(out: Path, system: str, actors: int, seed: int, steps: int, workers
             "--seed", str(seed), "--steps", str(steps), "--out", str(out), "--no-progress",
             "--env-step-cost", str(step_cost)]
     args += ["--eval-every", str(eval_every)] if eval_every else ["--no-eval"]
+    if actors > workers:  # more actors than CPU slots: each actor asks for its share of one
+        args += ["--resources", f"rollout=CPU:{workers / actors:g}"]
     before = load_average()
     t0 = time.perf_counter()
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=3600)
@@ -108,7 +110,12 @@ def boil(rows: list[dict[str, str]], threshold: float = 475.0) -> dict[str, Any]
             at = by_iteration.get(int(_num(r.get("eval_iteration"))), r)
             reached = {"wall_s": _num(at["wall_s"]), "env_steps": _num(at["env_steps"])}
             break
+    idle = [_num(r.get("learner_idle_s")) for r in later]
+    walls = [_num(r.get("iteration_s")) for r in later]
+    idle_share = (sum(idle) / sum(walls) if idle and not any(map(math.isnan, idle))
+                  and sum(walls) > 0 else None)
     return {"env_steps_per_s": steady, "learner_busy": statistics.fmean(busy) if busy else None,
+            "learner_idle_share": idle_share,
             "policy_lag": statistics.fmean(lags) if lags else 0.0,
             "to_threshold": reached, "iterations": len(train)}
 
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke test; writes nothing here")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/impala.json")
     p.add_argument("--md", type=Path, default=ROOT / "benchmarks/impala.md")
+    p.add_argument("--section", default="impala",
+                   help="the marked section of --md to write (phases run apart write apart)")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.speed_steps, args.costly_steps = 1, 4096, 2048
@@ -164,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True)
                 if not args.quick:  # after every run: an interrupted benchmark keeps its part
                     write_json(args.json, results)
-                    update_section(args.md, "impala", report(results))
+                    update_section(args.md, args.section, report(results))
     return 0
 
 
