@@ -200,6 +200,9 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true",
                         help="speed only: no evaluation; env-steps/s after the first iteration "
                         "and seconds per iteration by part (results/mujoco_ppo_speed.json)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="thread CPU seconds per iteration by part, daskrl's roles in a "
+                        "plain loop vs SB3's (each seed a repeat; --steps: iterations x 2048)")
     parser.add_argument("--quick", action="store_true", help="4096 steps, 1 seed, no output")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/mujoco_ppo.json")
     args = parser.parse_args()
@@ -207,6 +210,10 @@ def main() -> None:
         args.steps, args.seeds = 4096, args.seeds[:1]
     if args.speed and args.json == parser.get_default("json"):
         args.json = args.json.with_name("mujoco_ppo_speed.json")
+    if args.cpu:
+        if args.json == parser.get_default("json"):
+            args.json = args.json.with_name("mujoco_ppo_cpu.json")
+        return cpu_main(args)
     for item in args.set:
         key, value = item.split("=", 1)
         SETTINGS[key] = (value.lower() in ("1", "true", "yes") if isinstance(SETTINGS[key], bool)
@@ -236,6 +243,56 @@ def main() -> None:
         return
     write_json(args.json, record)
     (report_speed if args.speed else report)(record, args.json)
+
+
+def cpu_main(args: argparse.Namespace) -> None:
+    """``--cpu``: per-iteration CPU seconds of both systems, alternating, and the page's
+    section."""
+    from _ppo_cpu import run_cpu
+
+    iterations = max(2, args.steps // (SETTINGS["num_steps"] * SETTINGS["num_envs"]))
+    record: dict[str, Any] = {"settings": SETTINGS, "iterations": iterations,
+                              "repeats": len(args.seeds), "machine": machine_info(),
+                              "load_before": load_average(), "runs": []}
+    for env_id in args.envs:
+        for i in range(len(args.seeds)):
+            for system in ["daskrl", "sb3"] if i % 2 == 0 else ["sb3", "daskrl"]:
+                res = run_cpu(system, env_id, iterations, SETTINGS, ROOT, _env(), args.timeout)
+                record["runs"].append(res)
+                print(json.dumps({k: v for k, v in res.items() if k != "iterations"}),
+                      flush=True)
+    record["load_after"] = load_average()
+    if args.quick:
+        return
+    write_json(args.json, record)
+    rows = []
+    for env_id in args.envs:
+        med = {s: {k: median(r[k] for r in record["runs"] if r["env"] == env_id
+                             and r["system"] == s)
+                   for k in ("rollout_cpu_s", "update_cpu_s", "iteration_cpu_s",
+                             "env_steps_per_cpu_s")} for s in ("daskrl", "sb3")}
+        for s in ("daskrl", "sb3"):
+            rows.append([env_id, "daskrl" if s == "daskrl" else "SB3", med[s]["rollout_cpu_s"],
+                         med[s]["update_cpu_s"], med[s]["iteration_cpu_s"],
+                         med[s]["env_steps_per_cpu_s"],
+                         ratio(med[s]["env_steps_per_cpu_s"], med["sb3"]["env_steps_per_cpu_s"])])
+    loads = [r["load_1min_before"] for r in record["runs"]]
+    body = "\n\n".join([
+        "## CPU seconds per iteration: daskrl's roles vs Stable-Baselines3",
+        "Thread CPU seconds (``time.thread_time``) of each iteration's rollout (2,048 env "
+        "steps: envs, policy, normalisation, buffers, GAE) and update (10 epochs x 32 "
+        "minibatches), daskrl's actor and learner (``graphs/ppo.py``'s roles) called in a plain "
+        "loop (no Dask: what the tasks run) against SB3's ``collect_rollouts`` and ``train``, "
+        f"same settings as above (clip_vloss={SETTINGS['clip_vloss']}). Median over "
+        f"{iterations} iterations after a warm-up one, then over {len(args.seeds)} processes "
+        f"per system (alternating); 1-minute load average {min(loads):.1f}-{max(loads):.1f}. "
+        "CPU time is far less sensitive to the other jobs on this shared machine than wall "
+        "time (contention for the cores' caches still inflates it).",
+        markdown_table(["env", "system", "rollout CPU s", "update CPU s", "iteration CPU s",
+                        "env-steps per CPU s", "/ SB3"], rows),
+        f"Raw runs: [`results/{args.json.name}`](results/{args.json.name}).",
+    ])
+    update_section(ROOT / "benchmarks/mujoco_ppo.md", args.json.stem, body)
 
 
 def report_speed(record: dict[str, Any], path: Path) -> None:
