@@ -2,11 +2,14 @@
 
 Both use RL Zoo's tuned CartPole-v1 hyperparameters for SB3's DQN (lr 2.3e-3, batch 64,
 buffer 100k, learning starts 1000, 128 gradient steps per 256 env steps, target fixed over
-each burst, epsilon 1 -> 0.04 over 16 % of the run, two ReLU layers of 256); daskrl adds
-double Q (SB3's DQN has none). Each run evaluates the greedy policy every ``--eval-every``
-env steps (10 episodes); reported: env-steps/s over the run and the wall-clock seconds to
-the first evaluation >= 475 (SB3's evaluation time is left out of its clock; daskrl's runs
-in a task beside the training). Medians over seeds, all runs interleaved under the same load.
+each burst, epsilon 1 -> 0.04 over 16 % of the run, two ReLU layers of 256) on 4 envs (SB3:
+a DummyVecEnv of 4, train_freq 64 vector steps). The row "daskrl" has SB3's settings exactly
+(``--no-double-q``: SB3's DQN has no double Q); "daskrl, double Q" is daskrl's default, a
+separate row. Each run evaluates the greedy policy every ``--eval-every`` env steps (10
+episodes); reported: env-steps/s over the run and the wall-clock seconds to the first
+evaluation >= 475 (SB3's evaluation time is left out of its clock; daskrl's runs in a task
+beside the training). Medians over seeds; per seed the three runs follow each other, so all
+see the same load (recorded per run).
 
     python benchmarks/dqn_cartpole.py --seeds 3            # results/dqn_cartpole.json
     python benchmarks/dqn_cartpole.py --quick              # 5k steps, one seed
@@ -39,14 +42,18 @@ from _common import (
 SOLVED = 475.0
 
 
-def run_daskrl(steps: int, seed: int, eval_every: int) -> dict[str, Any]:
-    """One ``daskrl train graphs/dqn.py`` run (single distribution, one worker)."""
+def run_daskrl(steps: int, seed: int, eval_every: int, double_q: bool) -> dict[str, Any]:
+    """One ``daskrl train graphs/dqn.py`` run (single distribution; evaluation on a second
+    worker)."""
     out = Path(tempfile.mkdtemp(prefix="dqn-bench-")) / "run"
     iters = max(1, eval_every // 256)
     cmd = [sys.executable, "-m", "daskrl", "train", str(ROOT / "graphs/dqn.py"),
            "--steps", str(steps), "--seed", str(seed), "--eval-every", str(iters),
-           "--out", str(out), "--no-progress", "--workers", "2"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+           "--out", str(out), "--no-progress", "--workers", "2",
+           "--double-q" if double_q else "--no-double-q"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     summary = json.loads((out / "summary.json").read_text())
     with (out / "metrics.csv").open() as fh:
         rows = list(csv.DictReader(fh))
@@ -65,6 +72,7 @@ def run_sb3(steps: int, seed: int, eval_every: int) -> dict[str, Any]:
     import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
     torch.set_num_threads(1)
@@ -86,9 +94,13 @@ def run_sb3(steps: int, seed: int, eval_every: int) -> dict[str, Any]:
                     self.solved = t - self.t0 - (self.eval_s - (time.perf_counter() - t))
             return True
 
-    model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64,
+    # 4 envs as daskrl's: train_freq counts vector steps (64 x 4 = 256 env steps); the
+    # target update interval (10 env steps, 2 vector steps) keeps the target fixed over
+    # each burst of gradient steps, as with one env
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=seed)
+    model = DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64,
                 buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
-                train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                train_freq=64, gradient_steps=128, exploration_fraction=0.16,
                 exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]}, seed=seed,
                 device="cpu")
     cb = Evaluate()
@@ -99,12 +111,27 @@ def run_sb3(steps: int, seed: int, eval_every: int) -> dict[str, Any]:
             "evals": cb.evals, "final_eval": cb.evals[-1][1] if cb.evals else None}
 
 
+def profile_section(path: Path) -> str:
+    """The per-step table of ``benchmarks/offpolicy_profile.py`` (its JSON), if it ran."""
+    if not path.exists():
+        return ""
+    data = json.loads(path.read_text())
+    load = data["load"]
+    return (f"\n## Per gradient step and per env step\n\n`{data['command']}` (1-minute load "
+            f"{load['before']['load_1m']:.1f} -> {load['after']['load_1m']:.1f})\n\n"
+            f"{data['table']}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-every", type=int, default=5120)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--report", action="store_true",
+                        help="rewrite dqn_cartpole.md from the saved JSON, running nothing")
+    parser.add_argument("--no-double-q-row", action="store_true",
+                        help="leave out the row of daskrl's default (double Q)")
     parser.add_argument("--child", choices=["sb3"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/dqn_cartpole.json")
@@ -114,34 +141,83 @@ def main() -> None:
         return
     if args.quick:
         args.steps, args.seeds, args.eval_every = 5120, 1, 2560
+    if args.report:
+        saved = json.loads(args.json.read_text())
+        args.steps = saved["settings"]["steps"]
+        args.no_double_q_row = saved["settings"].get("no_double_q_row", False)
+        report(args, saved["runs"], saved["load"]["before"])
+        return
     load_before = load_average()
-    runs: dict[str, list[dict[str, Any]]] = {"daskrl": [], "sb3": []}
+    names = ("daskrl", "sb3") + (() if args.no_double_q_row else ("daskrl, double Q",))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for seed in range(1, args.seeds + 1):
-        runs["daskrl"].append(run_daskrl(args.steps, seed, args.eval_every))
-        proc = subprocess.run([sys.executable, __file__, "--child", "sb3", "--seed", str(seed),
-                               "--steps", str(args.steps), "--eval-every",
-                               str(args.eval_every)], check=True, capture_output=True, text=True)
-        runs["sb3"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        print(f"seed {seed}: daskrl {runs['daskrl'][-1]['env_steps_per_s']:.0f} steps/s, "
-              f"sb3 {runs['sb3'][-1]['env_steps_per_s']:.0f} steps/s", flush=True)
+        for name in names:
+            load = load_average()["load_1m"]
+            if name == "sb3":
+                proc = subprocess.run([sys.executable, __file__, "--child", "sb3", "--seed",
+                                       str(seed), "--steps", str(args.steps), "--eval-every",
+                                       str(args.eval_every)], check=True, capture_output=True,
+                                      text=True)
+                run = json.loads(proc.stdout.strip().splitlines()[-1])
+            else:
+                run = run_daskrl(args.steps, seed, args.eval_every, name != "daskrl")
+            run.update(seed=seed, load_1m_before=load, load_1m_after=load_average()["load_1m"])
+            runs[name].append(run)
+            print(f"seed {seed}: {name} {run['env_steps_per_s']:.0f} steps/s, to 475 "
+                  f"{run['time_to_475_s']} s, load {load:.1f}", flush=True)
+        report(args, runs, load_before)
+
+
+READING = """
+Reading: an iteration is 256 env steps and 128 gradient steps, so an env step costs half a
+gradient step plus the acting. With both at the floor of the per-step table ("bare step":
+forward, Huber loss, backward, fused Adam and the target's forward, nothing else) the most
+any implementation can reach is about (SB3's gradient step / 2 + SB3's acting) / (bare step
+/ 2 + daskrl's acting) times SB3's env-steps/s; the end-to-end rows above swing with the
+machine's load from run to run, the per-step rows alternate within one process.
+"""
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+           load_before: dict[str, Any]) -> None:
+    """Print the table and (unless ``--quick``) write the JSON and ``dqn_cartpole.md``."""
     med = {name: {key: median([r[key] for r in rs]) for key in
                   ("env_steps_per_s", "time_to_475_s", "final_eval")}
            for name, rs in runs.items()}
+    seeds = len(runs["sb3"])
     solved = {name: sum(r["time_to_475_s"] is not None for r in rs) for name, rs in runs.items()}
-    rows = [[name, fmt(m["env_steps_per_s"]), fmt(m["time_to_475_s"]),
-             f"{solved[name]}/{args.seeds}", fmt(m["final_eval"])] for name, m in med.items()]
-    table = markdown_table(["system", "env-steps/s (median)", "s to eval 475 (median of "
-                            "solved)", "seeds solved", "final eval (median)"], rows)
+    loads = [r[k] for rs in runs.values() for r in rs for k in ("load_1m_before",
+                                                                 "load_1m_after")]
+    rows = [[name, fmt(m["env_steps_per_s"]),
+             fmt(ratio(m["env_steps_per_s"], med["sb3"]["env_steps_per_s"])),
+             ", ".join(f"{r['env_steps_per_s']:.0f}" for r in rs),
+             fmt(m["time_to_475_s"]), f"{solved[name]}/{seeds}", fmt(m["final_eval"])]
+            for (name, m), rs in zip(med.items(), runs.values(), strict=True)]
+    table = markdown_table(["system", "env-steps/s (median)", "x SB3", "per seed",
+                            "s to eval 475 (median of solved)", "seeds solved",
+                            "final eval (median)"], rows)
     speedup = ratio(med["daskrl"]["env_steps_per_s"], med["sb3"]["env_steps_per_s"])
     print(table)
-    print(f"daskrl / SB3 env-steps/s: {fmt(speedup)}; load {load_before['load_1m']:.1f} -> "
-          f"{load_average()['load_1m']:.1f} on {os.cpu_count()} CPUs")
-    if not args.quick:
+    print(f"daskrl / SB3 env-steps/s: {fmt(speedup)}; load {min(loads):.1f}-{max(loads):.1f} "
+          f"on {os.cpu_count()} CPUs")
+    if args.quick:
+        return
+    if not args.report:
         write_json(args.json, {"runs": runs, "medians": med, "speedup": speedup,
-                               "load": {"before": load_before, "after": load_average()},
+                               "load": {"before": load_before, "after": load_average(),
+                                        "range_1m": [min(loads), max(loads)]},
                                "machine": machine_info(), "settings": vars(args) | {
                                    "json": str(args.json)}})
-
+    loads_per_seed = ", ".join(f"{r['load_1m_before']:.1f}" for rs in runs.values() for r in rs)
+    md = args.json.parent.parent / "dqn_cartpole.md"
+    md.write_text(
+        f"# DQN on CartPole-v1: daskrl vs Stable-Baselines3 DQN\n\n"
+        f"`python benchmarks/dqn_cartpole.py --seeds {seeds} --steps {args.steps}"
+        f"{' --no-double-q-row' if args.no_double_q_row else ''}` "
+        f"(1-minute load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs, at the "
+        f"start of each run: {loads_per_seed}; per seed the runs follow each other). Same "
+        f"settings on both sides (see the script's notes).\n\n{table}\n"
+        + profile_section(args.json.parent / "dqn_profile.json") + READING)
 
 if __name__ == "__main__":
     main()
