@@ -213,8 +213,9 @@ def test_thread_workers_give_the_callers_blas_count_back(tmp_path):
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 cores for a BLAS pool larger than the task's grant")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {k: v for k, v in os.environ.items()  # a notebook: the libraries' own defaults
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     out = subprocess.run([sys.executable, "-c", THREAD_WORKER_SCRIPT, str(REPO / "tests")],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
