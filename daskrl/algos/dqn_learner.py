@@ -128,6 +128,7 @@ class DQNLearner:
         h, n = self.hyper, len(syncs)
         mb = minibatches(self.replay, n, h.batch_size, FIELDS, self.device)
         both = torch.cat([mb["obs"], mb["next_obs"]], 1) if h.double_q else None
+        actions = mb["actions"].long().unsqueeze(-1)
         start = 0
         while start < n:
             stop = next((i for i in range(start, n) if syncs[i]), n - 1) + 1
@@ -135,11 +136,18 @@ class DQNLearner:
                 nxt = mb["next_obs"][start:stop]
                 next_target = self.target(nxt.reshape(-1, *nxt.shape[2:])).reshape(
                     stop - start, h.batch_size, -1)
+                # without double Q the whole segment's targets are known now
+                targets = (None if h.double_q else mb["rewards"][start:stop]
+                           + mb["discounts"][start:stop] * next_target.max(-1).values)
             for i in range(start, stop):
-                q, target_q = q_and_target(
-                    self.net, mb["obs"][i], mb["next_obs"][i], mb["actions"][i],
-                    mb["rewards"][i], mb["discounts"][i], next_target[i - start], h.double_q,
-                    None if both is None else both[i])
+                if targets is None:
+                    q, target_q = q_and_target(
+                        self.net, mb["obs"][i], mb["next_obs"][i], mb["actions"][i],
+                        mb["rewards"][i], mb["discounts"][i], next_target[i - start], True,
+                        None if both is None else both[i])
+                else:
+                    q = self.net(mb["obs"][i]).gather(1, actions[i]).squeeze(1)
+                    target_q = targets[i - start]
                 self._step(q, target_q, None, means)
             if syncs[stop - 1]:
                 self.sync_target()
