@@ -111,6 +111,13 @@ def run_sb3(steps: int, seed: int, eval_every: int) -> dict[str, Any]:
             "evals": cb.evals, "final_eval": cb.evals[-1][1] if cb.evals else None}
 
 
+def _code(data: dict[str, Any]) -> str:
+    """Which code a result measured: the commit, and whether the tree had changes."""
+    machine = data.get("machine", {})
+    dirty = " with uncommitted changes" if machine.get("git_dirty") else ""
+    return f"code at {machine.get('git_commit', '?')}{dirty}"
+
+
 def profile_section(path: Path) -> str:
     """The per-step table of ``benchmarks/offpolicy_profile.py`` (its JSON), if it ran."""
     if not path.exists():
@@ -118,7 +125,8 @@ def profile_section(path: Path) -> str:
     data = json.loads(path.read_text())
     load = data["load"]
     return (f"\n## Per gradient step and per env step\n\n`{data['command']}` (1-minute load "
-            f"{load['before']['load_1m']:.1f} -> {load['after']['load_1m']:.1f})\n\n"
+            f"{load['before']['load_1m']:.1f} -> {load['after']['load_1m']:.1f}; "
+            f"{_code(data)})\n\n"
             f"{data['table']}\n")
 
 
@@ -215,7 +223,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         f"`python benchmarks/dqn_cartpole.py --seeds {seeds} --steps {args.steps}"
         f"{' --no-double-q-row' if args.no_double_q_row else ''}` "
         f"(1-minute load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs, at the "
-        f"start of each run: {loads_per_seed}; per seed the runs follow each other). Same "
+        f"start of each run: {loads_per_seed}; per seed the runs follow each other; "
+        f"{_code(json.loads(args.json.read_text()))}). Same "
         f"settings on both sides (see the script's notes).\n\n{table}\n"
         + profile_section(args.json.parent / "dqn_profile.json") + READING)
 

@@ -194,8 +194,8 @@ def main() -> None:
     print(table)
     loads = f"{load_before['load_1m']:.1f} -> {load_after['load_1m']:.1f}"
     print(f"load {loads}")
-    command = (f"python benchmarks/offpolicy_profile.py --algo {args.algo} --reps {args.reps}"
-               + (" --double-q" if args.double_q else ""))
+    command = (f"python benchmarks/offpolicy_profile.py --algo {args.algo} --reps {args.reps} "
+               f"--fill {args.fill}" + (" --double-q" if args.double_q else ""))
     write_json(ROOT / f"benchmarks/results/{args.algo}_profile.json", {
         "times_s": times, "medians_s": med, "cprofile_shares": shares, "table": table,
         "command": command,
