@@ -14,9 +14,9 @@ learner
     CartPole-v1 at no extra cost with a heavier learner (``--learner-hidden`` units, one
     gradient step per ``--learner-train-frequency`` env steps), 1 and 2 actors: whether the
     learner waits for data when it is the bottleneck (its busy share).
-cpu-stale0
-    the cpu row's 2 actors under ``apex:stale=0`` (every refresh waits for the newest
-    update), the A/B of the default ``stale=1``.
+cpu-stale1, sleep-stale1
+    the cpu (sleep) row's 2 actors under ``apex:stale=1`` (a refresh takes the update before
+    the newest instead of waiting for it), the A/B of the default ``stale=0``.
 
 Per run: steady env-steps/s once the buffer is warm (rows with gradient steps, the first of
 them left out, and the last 4: the driver keeps 4 iterations in flight, so the actors run
@@ -84,7 +84,7 @@ gym.register("SleepyCartPole-v1", entry_point=SleepyCartPole, max_episode_steps=
 
 
 KINDS: dict[str, tuple[int, ...]] = {"cpu": (), "sleep": (), "learner": (1, 2),
-                                     "cpu-stale0": (2,)}
+                                     "cpu-stale1": (2,), "sleep-stale1": (2,)}
 """Env kinds (see the module notes) -> the actor counts they run (empty: all)."""
 
 
@@ -93,10 +93,10 @@ def run_once(out: Path, kind: str, actors: int, seed: int, args: argparse.Namesp
     """One ``daskrl train`` process; its metrics boiled down."""
     iterations = args.iterations
     steps = iterations * actors * args.num_envs * args.num_steps
-    env = "SleepyCartPole-v1" if kind == "sleep" else "CartPole-v1"
+    env = "SleepyCartPole-v1" if kind.startswith("sleep") else "CartPole-v1"
     learner = kind == "learner"
     cmd = [sys.executable, "-m", "daskrl.cli", "train", "graphs/dqn.py", "--distribution",
-           "apex:stale=0" if kind == "cpu-stale0" else "apex", "--workers", str(args.workers),
+           "apex:stale=1" if kind.endswith("stale1") else "apex", "--workers", str(args.workers),
            "--num-actors", str(actors), "--env", env,
            "--num-envs", str(args.num_envs), "--num-steps", str(args.num_steps),
            "--hidden", str(args.learner_hidden if learner else args.hidden),
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--kinds", nargs="+", default=["cpu", "sleep", "learner", "cpu-stale1"],
+                   choices=list(KINDS))
     p.add_argument("--env-step-cost", type=float, default=0.002,
                    help="CPU seconds burnt per env step (cpu row)")
     p.add_argument("--sleep", type=float, default=0.002,
@@ -222,7 +223,7 @@ def report(results: dict[str, Any]) -> str:
              for w in ("load_before", "load_after") if r.get(w)]
     rows = []
     for kind in s["kinds"]:
-        peer = "cpu" if kind == "cpu-stale0" else kind
+        peer = kind.removesuffix("-stale0").removesuffix("-stale1")
         base = _cell(runs.get(f"{peer}/1", []), "steps_per_s")
         share = _cell(runs.get(f"{peer}/1", []), "learn_over_rollout")
         for n in s["actors"]:
@@ -231,10 +232,15 @@ def report(results: dict[str, Any]) -> str:
                 continue
             sps = _cell(cell, "steps_per_s")
             speedup = sps / base if sps and base else None
-            ceiling = (2 / (1 + 2 * share) if share is not None and n > 1 else None)
-            even = (2 / (1 + share) if share is not None and n > 1 else None)
+            env_bound = share is not None and n > 1 and kind != "learner"
+            ceiling = 2 / (1 + 2 * share) if env_bound else None
+            even = 2 / (1 + share) if env_bound else None
             label = {"cpu": f"CartPole + {s['env_step_cost']} CPU s/step",
-                     "cpu-stale0": "same, apex:stale=0 (ratio to the cpu row's 1 actor)",
+                     "cpu-stale1": "the CPU env, apex:stale=1 (x its 1-actor run)",
+                     "sleep-stale1": "the sleeping env, apex:stale=1 (x its 1-actor run)",
+                     # runs recorded when stale=1 was the default, and stale=0 the A/B:
+                     "cpu-stale0": "the CPU env, apex:stale=0 (x its 1-actor run)",
+                     "sleep-stale0": "the sleeping env, apex:stale=0 (x its 1-actor run)",
                      "sleep": f"CartPole + {s['sleep']} s sleep/step",
                      "learner": f"CartPole, learner-bound ({s['learner_hidden']} hidden, a "
                                 f"step per {s['learner_train_frequency']} env steps)"}[kind]

@@ -66,7 +66,7 @@ def test_epsilon_ladder_follows_apex():
 
 def test_replay_shards_run_on_the_replay_worker(client, tmp_path):
     algo = _algo()
-    train(client, algo, get_distribution("apex:refresh_every=2"),
+    train(client, algo, get_distribution("apex:refresh_every=2,stale=1"),
           RunSettings(out=tmp_path, steps=6 * algo.steps_per_iteration, seed=2, progress=False,
                       tensorboard=False, eval=False))
     rows = _rows(tmp_path)

@@ -13,10 +13,10 @@ Three roles, each on its own workers when there are enough:
   ``eps_i = 0.4 ** (1 + 7 i / (N - 1))``, folding n-step transitions and computing their
   initial priorities (|TD error| under its weights). An actor refreshes its weights every
   ``refresh_every`` iterations, not every iteration, from the learner output ``stale``
-  updates before the newest: with ``stale >= 1`` that output is normally finished when the
-  rollout starts, so a refresh does not drain the pipeline (the actors wait only when the
-  learner falls further behind). ``policy_lag`` in the metrics is how many updates old the
-  acting weights were.
+  updates before the newest (default 0: the newest, which the refreshing rollout waits for;
+  with ``stale >= 1`` that output is normally finished when the rollout starts, but on a
+  2-core machine the waiting default measured faster, ``benchmarks/apex.md``).
+  ``policy_lag`` in the metrics is how many updates old the acting weights were.
 
 Placement: the shards are placed first, the learner apart from them, the actors apart from
 both; on fewer workers than that the first actors share the shards' workers (whose tasks
@@ -237,8 +237,8 @@ class Apex(Distribution):
         Iterations between an actor's weight refreshes (default 4; 1: every iteration).
     stale : int
         A refresh takes the learner output this many updates before the newest one
-        (default 1: the rollout does not wait for the update running beside it; 0: it waits
-        for the newest).
+        (default 0: the newest, which the refreshing rollout waits for; 1: the one before,
+        so the rollout does not wait for the update running beside it).
 
     Notes
     -----
@@ -247,16 +247,16 @@ class Apex(Distribution):
 
     Examples
     --------
-    >>> a = Apex(refresh_every="2", stale="0")
+    >>> a = Apex(refresh_every="2", stale="1")
     >>> a.refresh_every, a.stale
-    (2, 0)
+    (2, 1)
     """
 
     name = "apex"
     requires = frozenset({"replay"})
     deterministic = False
 
-    def __init__(self, refresh_every: int | str = 4, stale: int | str = 1) -> None:
+    def __init__(self, refresh_every: int | str = 4, stale: int | str = 0) -> None:
         self.refresh_every = to_int("refresh_every", refresh_every)
         self.stale = to_int("stale", stale, minimum=0)
         self.run: str | None = None
