@@ -202,7 +202,10 @@ def main() -> None:
         backends = ["gymnasium", "envpool"]
     except ImportError:
         backends = ["gymnasium"]
+    from daskrl.core.envs import usable_cpus
+
     record: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats,
+                              "envpool_threads": {n: min(n, usable_cpus()) for n in args.envs},
                               "machine": machine_info(["envpool", "ale-py", "torch",
                                                        "gymnasium", "stable-baselines3"]),
                               "load_before": load_average(), "runs": []}
@@ -264,8 +267,12 @@ def report(record: dict[str, Any]) -> None:
         (__doc__ or "").split("Usage::")[0].strip(),
         f"{record['steps']} vector steps per measurement, medians of {record['repeats']}; "
         f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
-        f"{record['machine']['usable_cpus']} shared CPUs (EnvPool's threads compete with the "
-        "other processes).",
+        f"{record['machine']['usable_cpus']} shared CPUs. EnvPool runs "
+        + ", ".join(f"{t} threads at {n} envs"
+                    for n, t in record.get("envpool_threads", {}).items())
+        + " (``num_threads``: min(envs, usable CPUs)); with 2 cores its ceiling is about 2x "
+        "one Python-stepped vector env when both cores are free, and nothing when the other "
+        "jobs on the machine keep them busy: its threads then queue for the same cores.",
         markdown_table(["envs", "env only: gymnasium steps/s", "env only: EnvPool steps/s",
                         "EnvPool / gymnasium", "fragment: gymnasium steps/s",
                         "fragment: EnvPool steps/s", "EnvPool / gymnasium",
@@ -285,14 +292,18 @@ def report(record: dict[str, Any]) -> None:
             f"End to end: {first['steady_env_steps']:,} env steps "
             f"({FRAME_SKIP * first['steady_env_steps']:,} frames) timed per run after a "
             "warm-up iteration; medians over runs; seconds per iteration (8 envs x 128 steps) "
-            "by part: *env* inside the vector env's step, *inference* the rest of the rollout "
-            "(the CNN choosing actions, buffers), *update* 4 epochs x 4 minibatches of 256.",
+            "by part: *env* inside the vector env's step, *inference* daskrl: its actors' "
+            "``inference_s`` (the CNN choosing actions); SB3: the rest of the rollout (the CNN, "
+            "buffers, GAE), *update* 4 epochs x 4 minibatches of 256; *iteration* from one "
+            "iteration's end to the next.",
             markdown_table(["system", "frames/s", "/ SB3", "env s", "inference s", "update s",
                             "iteration s"],
                            [[names[s], med[s], ratio(med[s], med.get("sb3")),
                              part[s, "env_s"], part[s, "inference_s"], part[s, "learn_s"],
                              part[s, "total"]] for s in systems]),
         ]
+    if record.get("note"):
+        parts.append(record["note"])
     parts.append("Raw numbers: [`results/atari_speed.json`](results/atari_speed.json).")
     update_section(ROOT / "benchmarks/atari_speed.md", "atari_speed", "\n\n".join(parts))
 

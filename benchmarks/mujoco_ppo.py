@@ -210,14 +210,14 @@ def main() -> None:
         args.steps, args.seeds = 4096, args.seeds[:1]
     if args.speed and args.json == parser.get_default("json"):
         args.json = args.json.with_name("mujoco_ppo_speed.json")
-    if args.cpu:
-        if args.json == parser.get_default("json"):
-            args.json = args.json.with_name("mujoco_ppo_cpu.json")
-        return cpu_main(args)
     for item in args.set:
         key, value = item.split("=", 1)
         SETTINGS[key] = (value.lower() in ("1", "true", "yes") if isinstance(SETTINGS[key], bool)
                          else type(SETTINGS[key])(value))
+    if args.cpu:  # after --set: the CPU runs take the same settings
+        if args.json == parser.get_default("json"):
+            args.json = args.json.with_name("mujoco_ppo_cpu.json")
+        return cpu_main(args)
     record: dict[str, Any] = {"settings": SETTINGS, "steps": args.steps, "seeds": args.seeds,
                               "machine": machine_info(), "load_before": load_average(),
                               "runs": []}
@@ -321,10 +321,11 @@ def report_speed(record: dict[str, Any], path: Path) -> None:
         f"before each run {min(loads):.1f}-{max(loads):.1f} (machine: "
         f"{record['machine']['usable_cpus']} usable CPUs, shared). Seconds per iteration "
         "(2,048 steps): *env* inside the envs' step (gymnasium's env and its wrappers), "
-        "*inference* the rest of the rollout (policy forward and sampling, observation "
-        "normalisation and reward scaling, buffers; SB3: ``VecNormalize`` too), *update* 10 "
-        "epochs x 32 minibatches, *other* the rest (daskrl: Dask scheduling, transfers, "
-        "metrics; SB3: its logger).",
+        "*inference* daskrl: the policy's forward pass, sampling and observation "
+        "normalisation (its actors' ``inference_s``); SB3: the rest of the rollout (policy, "
+        "``VecNormalize``, buffers, GAE), *update* 10 epochs x 32 minibatches, *other* the "
+        "rest (daskrl: its rollout bookkeeping (buffers, reward scaling, GAE), Dask "
+        "scheduling, transfers, metrics; SB3: its logger).",
         markdown_table(["env", "system", "runs", "env-steps/s", "/ SB3", "env s",
                         "inference s", "update s", "other s", "iteration s"], rows),
         f"Medians over runs. Raw runs: [`results/{path.name}`](results/{path.name}).",
