@@ -20,11 +20,12 @@ worker thread that a rollout may hold (one thread per worker, actors on the lear
 worker), after the driver has seen the previous task end, so the learner stood still at
 every task boundary (``learner_idle_s``: about a rollout's time per task with a 1 ms/step
 env). The resident loop keeps updating while the next task waits for a thread: the clock
-may run up to one task's worth of iterations beyond the last task asked for (so a late task
-finds its iterations done: ``learner_ahead`` in the metrics counts them) and no further (a
-stopped driver does not leave it training). A ``distributed.Queue`` between feeder and learner was
-not used: the batches would pass through the scheduler (one more hop, and no recomputation
-of a batch lost with a worker); futures fetched by ``as_completed`` go worker to worker.
+may run up to one task's worth of iterations (at least :data:`AHEAD`) beyond the last task
+asked for (so a late task finds its iterations done: ``learner_ahead`` in the metrics counts
+them) and no further (a stopped driver does not leave it training). A ``distributed.Queue``
+between feeder and learner was not used: the batches would pass through the scheduler (one
+more hop, and no recomputation of a batch lost with a worker); futures fetched by
+``as_completed`` go worker to worker.
 
 The driver's contract is kept: a task returns ``LearnerOutput(learner_in.version + count,
 state, weights, metrics, history)``, the state being the learner's as it was after
@@ -66,6 +67,11 @@ from daskrl.distributions.prefetch import DeviceStager, Staged
 
 PREFETCH = 2
 """Batches staged on the learner's device ahead of its update."""
+AHEAD = 4
+"""The least iterations the clock may run past the end of the last task asked for (one task's
+worth when tasks are longer): the driver sizes tasks to ``RunSettings.task_s``, and with
+tasks of one or two iterations the next task, waiting for a worker thread and the driver,
+would often find the learner stopped at a bound of one task."""
 IDLE_S = 600.0
 """A clock that no task asked anything of for this long closes (its driver is gone)."""
 
@@ -143,7 +149,7 @@ class LearnerClock:
             self.asked = time.monotonic()
             ahead = min(count, self.iteration - ctx.iteration)
             self.wanted = end
-            self.horizon = min(ctx.num_iterations, end + count)
+            self.horizon = min(ctx.num_iterations, end + max(count, AHEAD))
             self.cond.notify_all()
             while self.iteration < end or end not in self.snapshots:
                 if self.error is not None:
