@@ -45,11 +45,13 @@ def mlp(n_in: int, n_out: int, hidden: tuple[int, ...], out_std: float) -> nn.Se
 
 
 def run_mlp(net: nn.Sequential, x: Tensor) -> Tensor:
-    """``net(x)`` for a Sequential of ``Linear`` and ``Tanh`` layers, called as functions.
+    """``net(x)`` for a Sequential of ``Linear``, ``Tanh`` and ``ReLU`` layers, called as
+    functions.
 
-    The same ops as ``net(x)`` (``F.linear``, ``torch.tanh``), so the same bits, without
-    ``nn.Module.__call__``'s hook dispatch per layer: on an actor's one-env forward pass
-    (a few microseconds of maths per layer) that dispatch costs more than the maths.
+    The same ops as ``net(x)`` (``F.linear``, ``torch.tanh``, ``torch.relu``), so the same
+    bits, without ``nn.Module.__call__``'s hook dispatch per layer: on an actor's one-env
+    forward pass, or a learner's hundreds of small-batch passes per iteration, that dispatch
+    costs about as much as the maths.
 
     Examples
     --------
@@ -63,6 +65,8 @@ def run_mlp(net: nn.Sequential, x: Tensor) -> Tensor:
             x = F.linear(x, module.weight, module.bias)
         elif isinstance(module, nn.Tanh):
             x = torch.tanh(x)
+        elif isinstance(module, nn.ReLU):
+            x = torch.relu(x)
         else:
             x = module(x)
     return x

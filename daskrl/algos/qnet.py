@@ -14,8 +14,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from daskrl.algos.layers import run_mlp
 
 Batch = dict[str, Any]
 
@@ -34,39 +35,6 @@ def relu_mlp(n_in: int, n_out: int, hidden: tuple[int, ...]) -> nn.Sequential:
         n_in = h
     layers.append(nn.Linear(n_in, n_out))
     return nn.Sequential(*layers)
-
-
-def linear_layers(mlp: nn.Sequential) -> list[nn.Linear]:
-    """The linear layers of a :func:`relu_mlp`, in order (for :func:`mlp_forward`).
-
-    Examples
-    --------
-    >>> len(linear_layers(relu_mlp(4, 2, (8, 8))))
-    3
-    """
-    return [m for m in mlp if isinstance(m, nn.Linear)]
-
-
-def mlp_forward(layers: list[nn.Linear], x: Tensor) -> Tensor:
-    """A :func:`relu_mlp`'s output from its ``layers``: the same maths as calling it, as a
-    flat loop of ``F.linear`` with in-place ReLUs.
-
-    A learner calls its networks hundreds of times per iteration on small batches, where
-    each module call's overhead costs about as much as its arithmetic.
-
-    Examples
-    --------
-    >>> mlp = relu_mlp(4, 2, (8,))
-    >>> x = torch.randn(3, 4)
-    >>> bool(torch.equal(mlp_forward(linear_layers(mlp), x), mlp(x)))
-    True
-    """
-    last = len(layers) - 1
-    for i, layer in enumerate(layers):
-        x = F.linear(x, layer.weight, layer.bias)
-        if i < last:
-            x = x.relu_()
-    return x
 
 
 class EpsilonGreedy(nn.Module):
@@ -115,12 +83,12 @@ class QNetwork(nn.Module):
                  ) -> None:
         super().__init__()
         self.q = relu_mlp(obs_dim, num_actions, hidden)
-        self.linears = linear_layers(self.q)
         self.register_buffer("epsilon", torch.tensor(1.0))
 
     def forward(self, obs: Tensor) -> Tensor:
-        """Q-values ``[B, num_actions]`` (``self.q``'s maths, see :func:`mlp_forward`)."""
-        return mlp_forward(self.linears, obs.reshape(obs.shape[0], -1))
+        """Q-values ``[B, num_actions]`` (``self.q``'s maths, see
+        :func:`~daskrl.algos.layers.run_mlp`)."""
+        return run_mlp(self.q, obs.reshape(obs.shape[0], -1))
 
     def policy(self, deterministic: bool = True) -> EpsilonGreedy:
         """Greedy (``deterministic``) or epsilon-greedy with the current epsilon."""

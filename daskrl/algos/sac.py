@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from daskrl.algos.layers import run_mlp
 from daskrl.algos.offpolicy import TensorMeans, adam, as_tensors, minibatches, polyak_
-from daskrl.algos.qnet import linear_layers, mlp_forward, relu_mlp
+from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay import make_replay
 from daskrl.algos.transitions import TransitionCollector
 
@@ -84,7 +85,6 @@ class SquashedGaussian(nn.Module):
         super().__init__()
         act_dim = len(low)
         self.body = relu_mlp(obs_dim, 2 * act_dim, hidden)
-        self.linears = linear_layers(self.body)
         low_t, high_t = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(
             high, dtype=torch.float32)
         self.register_buffer("scale", (high_t - low_t) / 2)
@@ -94,7 +94,7 @@ class SquashedGaussian(nn.Module):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and log-std (bounded) of the pre-squash Gaussian."""
-        mean, log_std = mlp_forward(self.linears, obs.reshape(obs.shape[0], -1)).chunk(2, dim=-1)
+        mean, log_std = run_mlp(self.body, obs.reshape(obs.shape[0], -1)).chunk(2, dim=-1)
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
@@ -143,13 +143,11 @@ class TwinQ(nn.Module):
         super().__init__()
         self.q1 = relu_mlp(obs_dim + act_dim, 1, hidden)
         self.q2 = relu_mlp(obs_dim + act_dim, 1, hidden)
-        self.linears = (linear_layers(self.q1), linear_layers(self.q2))
 
     def forward(self, obs: Tensor, act: Tensor) -> tuple[Tensor, Tensor]:
         """Both Q-values, each ``[B]``."""
         x = torch.cat([obs.reshape(obs.shape[0], -1), act.reshape(act.shape[0], -1)], -1)
-        return (mlp_forward(self.linears[0], x).squeeze(-1),
-                mlp_forward(self.linears[1], x).squeeze(-1))
+        return run_mlp(self.q1, x).squeeze(-1), run_mlp(self.q2, x).squeeze(-1)
 
 
 class SACActor:
