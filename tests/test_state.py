@@ -351,3 +351,34 @@ def test_a_task_on_a_worker_without_a_nanny_runs_with_its_cpu_grant(tmp_path):
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+LATE_BLAS_SCRIPT = """
+import json
+import numpy, torch
+from threadpoolctl import threadpool_info, threadpool_limits
+from daskrl.core.worker_state import limit_threads
+limit_threads(1)  # a first task, before scipy (and its own OpenBLAS) is loaded
+import scipy.linalg
+with threadpool_limits(limits=2, user_api="blas"):
+    limit_threads(1)
+    print(json.dumps(sorted({p["num_threads"] for p in threadpool_info()
+                             if p["user_api"] == "blas"})))
+"""
+
+
+def test_a_blas_loaded_after_the_first_task_is_held_at_one_thread_too():
+    """An import between two tasks can load another BLAS (scipy ships its own OpenBLAS): the
+    next task must hold it at one thread as well (a fresh process, so scipy is not loaded
+    before the first task)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("scipy")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores for a BLAS pool larger than the task's grant")
+    out = subprocess.run([sys.executable, "-c", LATE_BLAS_SCRIPT], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [1]

@@ -110,7 +110,18 @@ def _state(worker: Worker | None = None) -> ResidentState:
     return plugin
 
 
-_pools: list[Any] = []  # this process's threadpoolctl controller, made on first use
+_pools: list[Any] = []  # [controller, len(sys.modules) when it was made]
+
+
+def _controller() -> Any:
+    """This process's threadpoolctl controller, looked up again when modules were imported
+    since: an import can load another BLAS (scipy ships its own OpenBLAS), which a
+    controller made before it would not limit."""
+    if not _pools or _pools[1] != len(sys.modules):
+        from threadpoolctl import ThreadpoolController
+
+        _pools[:] = [ThreadpoolController(), len(sys.modules)]
+    return _pools[0]
 
 
 def limit_threads(threads: int) -> None:
@@ -123,10 +134,11 @@ def limit_threads(threads: int) -> None:
     fork server set it to 1 for the workers they start, but ``dask worker --no-nanny``,
     thread workers and ``--scheduler sync`` run in processes that did not, where every task
     would use every core, oversubscribing the cores the other tasks run on. The libraries
-    are looked up once per process (a ``ThreadpoolController``), so a task pays microseconds.
-    numpy's BLAS (the only BLAS pool besides torch's own) is held at one thread: fragments do
-    their heavy maths in torch, and OpenBLAS ignores a lower count asked from one thread once
-    another thread raised it, so a grant of 2 followed by a grant of 1 would keep 2.
+    are looked up once per process (a ``ThreadpoolController``), and again only after new
+    imports, so a task pays microseconds. Every BLAS pool (numpy's, and any other a library
+    loads, e.g. scipy's) is held at one thread: fragments do their heavy maths in torch, and
+    OpenBLAS ignores a lower count asked from one thread once another thread raised it, so a
+    grant of 2 followed by a grant of 1 would keep 2.
 
     Examples
     --------
@@ -141,11 +153,7 @@ def limit_threads(threads: int) -> None:
 
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    if not _pools:
-        from threadpoolctl import ThreadpoolController
-
-        _pools.append(ThreadpoolController())
-    _pools[0].limit(limits=1, user_api="blas")
+    _controller().limit(limits=1, user_api="blas")
 
 
 _driver = threading.Event()  # set where a driver runs: tasks there put back the counts
@@ -167,11 +175,7 @@ def mark_driver_process() -> None:
 
 def _blas_pools() -> list[tuple[Any, int]]:
     """This process's BLAS pools and their thread counts now."""
-    if not _pools:
-        from threadpoolctl import ThreadpoolController
-
-        _pools.append(ThreadpoolController())
-    return [(lib, lib.num_threads) for lib in _pools[0].select(user_api="blas").lib_controllers]
+    return [(lib, lib.num_threads) for lib in _controller().select(user_api="blas").lib_controllers]
 
 
 @contextmanager
