@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,7 +191,15 @@ def test_thread_workers_with_a_share_of_the_memory_each_are_refused_with_the_fix
         with pytest.raises(MemoryBudgetError) as refused:
             check_memory(DaskBackend(client), algo, get_distribution("actors-learner"),
                          _place(client, algo))
-        with pytest.raises(TimeoutError):  # what the refusal spares: a task never runs
+        # Dask's memory monitor pauses the workers at its first tick after they start: wait
+        # for it, then a task never runs (what the refusal spares the user)
+        statuses: set[str] = set()
+        deadline = time.monotonic() + 20
+        while statuses != {"paused"} and time.monotonic() < deadline:
+            statuses = set(client.run(lambda dask_worker: dask_worker.status.name).values())
+            time.sleep(0.1)
+        assert statuses == {"paused"}, statuses
+        with pytest.raises(TimeoutError):
             client.submit(abs, -1, pure=False).result(timeout=3)
     line = str(refused.value)
     fix = re.search(r'LocalCluster\(processes=False, memory_limit="(\d+GiB)"\), or no limit, '
