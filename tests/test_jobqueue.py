@@ -252,6 +252,14 @@ def queued(job_ids) -> set[str]:
     return set(out.split()) & set(job_ids)
 
 
+def assert_jobs_leave_queue(job_ids, timeout: float = 30) -> None:
+    """Fail unless every one of ``job_ids`` has left Slurm's queue within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while queued(job_ids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not queued(job_ids), f"jobs left in the queue: {queued(job_ids)}"
+
+
 def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, tmp_path):
     gpus = min(slurm_node["gpus"], 1)
     spec = JobQueueSpec(kind="slurm", cores=1, memory="1GB", walltime="00:10:00",
@@ -289,10 +297,7 @@ def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, tmp_path):
     finally:
         client.close()
         cluster.close()
-    deadline = time.monotonic() + 30
-    while queued(ids.values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
+    assert_jobs_leave_queue(ids.values())
     print(f"slurm PPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
 
 
@@ -326,10 +331,7 @@ def test_impala_free_running_actors_on_slurm_jobs(slurm_node, tmp_path):
     finally:
         client.close()
         cluster.close()
-    deadline = time.monotonic() + 30
-    while queued(ids.values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
+    assert_jobs_leave_queue(ids.values())
     print(f"slurm IMPALA run with jobs {ids}: {time.monotonic() - t0:.1f}s")
 
 
@@ -371,10 +373,7 @@ def test_mappo_trains_on_slurm_jobs_through_the_cli_and_cancels_them(slurm_node,
         assert all(row[f"losses/policy_loss/{team}"] for row in rows)
         assert any(row[f"return_mean/{team}"] for row in rows), rows[-1]
         assert isinstance(summary[f"eval_return_mean/{team}"], float)
-    deadline = time.monotonic() + 30
-    while queued(ids.values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not queued(ids.values()), f"jobs left in the queue: {queued(ids.values())}"
+    assert_jobs_leave_queue(ids.values())
     print(f"slurm MAPPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
 
 
