@@ -1,5 +1,5 @@
 """The distribution/algorithm contract: every distribution declares every member, refuses
-what it cannot serve in one line before any worker starts, and is an object of one run.
+what it cannot serve in one line before the run takes a cluster, and is an object of one run.
 
 MAPPO (``graphs/mappo.py``) is the case that the contract has to settle: under each
 distribution it either trains or is refused at once by the CLI.
@@ -11,7 +11,6 @@ import inspect
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ from daskrl.distributions.base import IterationInputs, iterations_per_task
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPO = ROOT / "graphs" / "mappo.py"
-REFUSE_S = 5.0
-"""A refused run says so this soon after launch (imports included)."""
 
 MEMBERS = ("name", "requires", "dynamic", "required", "check", "fragments", "iteration",
            "check_placement", "iterations_per_task", "workers_wanted", "sketch")
@@ -197,43 +194,34 @@ def _serves(name: str, algo: Algorithm) -> bool:
     return True
 
 
-def _cli(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[float, int, str, str]:
-    t0 = time.monotonic()
+def _cli(tmp_path: Path, *args: str, timeout: float = 300) -> tuple[int, str, str]:
     proc = subprocess.run([sys.executable, "-m", "daskrl.cli", "train", *args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-    return time.monotonic() - t0, proc.returncode, proc.stdout, proc.stderr
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("name", [n for n, ok in SERVES.items() if not ok])
 def test_mappo_is_refused_at_once_by_the_cli(tmp_path, name):
-    """The embedded cluster's path (no --scheduler): one line, timed from launch; the early
-    cluster's first worker (started while the graph loads) is then closed."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "daskrl.cli", "train", str(MAPPO),
-                             "--distribution", name, "--steps", "100", "--num-envs", "4",
-                             "--num-steps", "5", "--out", "run"], cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    lines, refused_s = [], None
-    for line in proc.stderr:  # the worker may warn too: only daskrl's own lines count
-        lines.append(line)
-        if line.startswith("daskrl:") and refused_s is None:
-            refused_s = time.monotonic() - t0
-    assert proc.wait(timeout=60) == 2, "".join(lines)
-    err = "".join(lines)
-    ours = [line for line in lines if line.startswith("daskrl:")]
+    """The embedded cluster's path (no --scheduler), whose first worker starts while the
+    graph loads: the refusal comes from the checks, before the run takes that cluster (the
+    ``scheduler:`` line the CLI prints as it does) and before anything is written."""
+    rc, out, err = _cli(tmp_path, str(MAPPO), "--distribution", name, "--steps", "100",
+                        "--num-envs", "4", "--num-steps", "5", "--out", "run", timeout=120)
+    assert rc == 2, err
+    lines = err.splitlines()
+    ours = [line for line in lines if line.startswith("daskrl:")]  # workers may warn too
     assert len(ours) == 1 and ours[0].startswith("daskrl: error: "), err
     assert "capability" in ours[0] and f"{name!r}" in ours[0] and "Traceback" not in err
-    assert not (tmp_path / "run" / "metrics.csv").exists()
-    assert refused_s is not None and refused_s < REFUSE_S, f"refused after {refused_s:.1f} s"
+    assert not [line for line in lines if line.startswith(("scheduler:", "dashboard:"))], err
+    assert out == "" and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("name", [n for n, ok in SERVES.items() if ok])
 def test_mappo_trains_under_the_cli(tmp_path, name):
-    took, rc, out, err = _cli(tmp_path, str(MAPPO), "--distribution", name, "--scheduler",
-                              "sync", "--steps", "80", "--num-envs", "4", "--num-steps", "5",
-                              "--num-actors", "2", "--update-epochs", "1", "--eval-episodes",
-                              "2", "--out", "run", "--no-progress")
+    rc, out, err = _cli(tmp_path, str(MAPPO), "--distribution", name, "--scheduler", "sync",
+                        "--steps", "80", "--num-envs", "4", "--num-steps", "5",
+                        "--num-actors", "2", "--update-epochs", "1", "--eval-episodes", "2",
+                        "--out", "run", "--no-progress")
     assert rc == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["distribution"] == name and summary["env_steps"] >= 80
@@ -241,10 +229,10 @@ def test_mappo_trains_under_the_cli(tmp_path, name):
 
 
 def test_a3c_runs_async_without_a_distribution_flag(tmp_path):
-    _, rc, _, err = _cli(tmp_path, str(ROOT / "graphs" / "a3c.py"), "--scheduler", "sync",
-                         "--steps", "64", "--num-envs", "2", "--rollout-steps", "4",
-                         "--num-steps", "16", "--eval-episodes", "1", "--out", "run",
-                         "--no-progress")
+    rc, _, err = _cli(tmp_path, str(ROOT / "graphs" / "a3c.py"), "--scheduler", "sync",
+                      "--steps", "64", "--num-envs", "2", "--rollout-steps", "4",
+                      "--num-steps", "16", "--eval-episodes", "1", "--out", "run",
+                      "--no-progress")
     assert rc == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["distribution"] == "async"
