@@ -6,11 +6,10 @@ threads of its own for the whole run, and every learner task (the first included
 it for iterations ``[i, i + count)`` and waits for them seceded
 (:func:`distributed.secede`), holding no thread slot of the worker:
 
-- the *feeder* keeps every actor's ``in_flight`` rollouts submitted, takes batches as they
-  land (:func:`distributed.as_completed`, which fetches and deserialises each in the
-  background), submits the actor's next rollout, and stages the batch on the learner's
-  device (:mod:`daskrl.distributions.prefetch`: pinned memory and a non-blocking copy on
-  CUDA) into a queue of depth :data:`PREFETCH`;
+- the *feeder* (:class:`~daskrl.distributions.clock_feeder.Feeder`) keeps every actor's
+  ``in_flight`` rollouts submitted, takes batches as they land and stages each on the
+  learner's device (:mod:`daskrl.distributions.prefetch`: pinned memory and a non-blocking
+  copy on CUDA) into a queue of depth :data:`PREFETCH`;
 - the *learner* takes staged batches and updates on each, publishing every new weights
   version (:class:`~daskrl.distributions.free_running.Publisher`).
 
@@ -46,27 +45,24 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from distributed import Future, as_completed, get_client, get_worker, secede
+from distributed import get_client, get_worker, secede
 
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.roles import TaskContext, pick_device, resident_learner
 from daskrl.core.worker_state import drop_key, resident
 from daskrl.distributions.async_grads import on_worker
-from daskrl.distributions.base import step_key
+from daskrl.distributions.clock_feeder import PREFETCH, Feeder
 from daskrl.distributions.free_running import (
-    MEMBERSHIP_S,
-    POLL_S,
-    ROLLOUT_PRIORITY,
     ActorSpec,
     IterationRecord,
-    Pipeline,
     Publisher,
     free_rollout,
 )
-from daskrl.distributions.prefetch import DeviceStager, Staged
+from daskrl.distributions.prefetch import Staged
 
-PREFETCH = 2
-"""Batches staged on the learner's device ahead of its update."""
+__all__ = ["AHEAD", "IDLE_S", "PREFETCH", "ClockClosed", "Feeder", "LearnerClock",
+           "impala_learn"]
+
 AHEAD = 4
 """The least iterations the clock may run past the end of the last task asked for (one task's
 worth when tasks are longer): the driver sizes tasks to ``RunSettings.task_s``, and with
@@ -103,7 +99,7 @@ class LearnerClock:
                  version: int, actors: Sequence[ActorSpec], in_flight: int,
                  max_lag: int | None) -> None:
         self.client, self.ctx, self.algo, self.learner = client, ctx, algo, learner
-        self.actors, self.in_flight, self.max_lag = tuple(actors), in_flight, max_lag
+        self.max_lag = max_lag
         self.n = len(actors)
         self.iteration = ctx.iteration  # the next iteration the learner runs
         self.delivered = (ctx.iteration, version)  # where the next task must start
@@ -118,17 +114,17 @@ class LearnerClock:
         self.error: BaseException | None = None
         self.asked = time.monotonic()
         self.me = get_worker()
-        self.pipe = Pipeline(where={a: w for a, (w, _) in enumerate(actors)})
         # a channel of its own: a closed clock's variables are deleted by a message that may
         # reach the scheduler after this one set them
         self.channel = f"{ctx.run}-{uuid.uuid4().hex[:8]}"
+        self.feeder = Feeder(self, client, ctx, algo, actors, in_flight, self.channel,
+                             str(self.me.name), pick_device(ctx.gpu))
+        self.pipe = self.feeder.pipe
         self.pipe.publisher = Publisher(client, self.channel, self.me.address)
         self.pipe.publisher.publish_now(self.updates, learner.weights())
-        self.staged: queue.Queue[tuple[int, Staged]] = queue.Queue(maxsize=PREFETCH)
-        self.stager = DeviceStager(pick_device(ctx.gpu))
         self.threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True,
-                                         name=f"impala-{fn.__name__.strip('_')}-{ctx.run}")
-                        for fn in (self._feed, self._learn)]
+                                         name=f"impala-{name}-{ctx.run}")
+                        for name, fn in (("feed", self.feeder.run), ("learn", self._learn))]
         for thread in self.threads:
             thread.start()
 
@@ -145,7 +141,7 @@ class LearnerClock:
         finished before it was asked."""
         end = ctx.iteration + count
         with self.cond:
-            self.actors = tuple(actors)  # the placement of this task (a resize moves them)
+            self.feeder.actors = tuple(actors)  # the placement of this task (a resize moves them)
             self.asked = time.monotonic()
             ahead = min(count, self.iteration - ctx.iteration)
             self.wanted = end
@@ -187,87 +183,8 @@ class LearnerClock:
                 self.closed = True  # the other thread stops too
                 self.cond.notify_all()
         finally:
-            if fn == self._feed:  # the rollouts in flight and the publisher end with it
-                self.pipe.cancel(self.client)
-
-    def _actor_ctx(self, a: int) -> TaskContext:
-        return dataclasses.replace(self.ctx, replica=a, iteration=self.iteration, gpu=0.0)
-
-    def _submit(self, a: int) -> Future:
-        pipe = self.pipe
-        worker = pipe.where.get(a)
-        r = pipe.rounds.get(a, 0)
-        pipe.rounds[a] = r + 1
-        fut = self.client.submit(
-            free_rollout, self._actor_ctx(a), self.algo, None, self.channel, pure=False,
-            resources=self.actors[a][1], workers=[worker] if worker else None,
-            priority=ROLLOUT_PRIORITY,
-            key=step_key("rollout", a, self.iteration, r, self.ctx.run))
-        pipe.pending[fut.key] = (a, fut)
-        return fut
-
-    def _rehome(self) -> bool:
-        """Move actors whose worker left to a live one (back home once it is back); their
-        rollouts pinned to the lost worker are submitted again. True when any moved."""
-        pipe, me = self.pipe, str(self.me.name)
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
-        live = {str(w["name"]) for w in info.values()}
-        addresses = {str(w["name"]): a for a, w in info.items()}
-        restarted = {n for n, a in pipe.seen.items() if n in live and addresses[n] != a}
-        pipe.seen = addresses
-        homes = {a: w for a, (w, _) in enumerate(self.actors)}
-        moved = False
-        for a, home in homes.items():
-            if home is None:
-                continue
-            now = pipe.where.get(a)
-            want = home if home in live else (now if now in live else None)
-            if want is None:
-                others = sorted({w for w in homes.values() if w in live} - {me})
-                others = others or sorted(live - {me})
-                want = min(others, key=lambda w: list(pipe.where.values()).count(w),
-                           default=None)
-            if want == now and now not in restarted:
-                continue
-            pipe.where[a] = want
-            if now not in live or now in restarted:  # its rollouts wait for a lost process
-                lost = [k for k, (b, _) in pipe.pending.items() if b == a]
-                self.client.cancel([pipe.pending.pop(k)[1] for k in lost])
-                for _ in lost:
-                    self._submit(a)
-                moved = True
-        return moved
-
-    def _feed(self) -> None:
-        """Keep the rollouts in flight; stage each batch that lands on the device."""
-        pipe = self.pipe
-        self._rehome()  # where every worker is now (the addresses its pins become)
-        for a in range(self.n):
-            while pipe.in_flight(a) < self.in_flight:
-                self._submit(a)
-        arrivals = as_completed([f for _, f in pipe.pending.values()], with_results=True)
-        checked = time.monotonic()
-        while not self.closed:
-            if time.monotonic() - checked > MEMBERSHIP_S:
-                if self._rehome():
-                    arrivals = as_completed([f for _, f in pipe.pending.values()],
-                                            with_results=True)
-                checked = time.monotonic()
-            if not arrivals.has_ready():
-                time.sleep(POLL_S)
-                continue
-            fut, batch = next(arrivals)
-            if fut.key not in pipe.pending:  # cancelled by a rehome meanwhile
-                continue
-            a, _ = pipe.pending.pop(fut.key)
-            arrivals.add(self._submit(a))  # the actor's next rollout, before this update
-            staged = self.stager(batch)
-            while not self.closed:
-                try:
-                    self.staged.put((a, staged), timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            if fn == self.feeder.run:  # the rollouts in flight and the publisher end with it
+                self.feeder.cancel()
 
     def _next_batch(self) -> tuple[int, Staged]:
         while True:
@@ -276,7 +193,7 @@ class LearnerClock:
             if self.error is not None:
                 raise self.error
             try:
-                return self.staged.get(timeout=0.1)
+                return self.feeder.staged.get(timeout=0.1)
             except queue.Empty:
                 continue
 
