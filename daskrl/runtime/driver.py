@@ -30,7 +30,7 @@ from daskrl.core.weights import weights_sha256
 from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.observe.metrics import write_summary
-from daskrl.observe.profile import Timeline
+from daskrl.observe.timeline import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
 from daskrl.runtime.checkpoint import load_for_resume, load_latest
 from daskrl.runtime.memory import check_memory

@@ -8,7 +8,8 @@ from typing import Any
 
 from daskrl.core.algorithm import LearnerOutput
 from daskrl.observe.metrics import MetricsWriter
-from daskrl.observe.profile import Timeline, finite, overhead_seconds
+from daskrl.observe.parts import finite, overhead_seconds
+from daskrl.observe.timeline import Timeline
 
 
 class Recorder:
@@ -129,7 +130,7 @@ class Recorder:
 
     def overhead_share(self) -> float:
         """``summary.json``'s ``dask_overhead_share``: the share of wall time in which no
-        fragment computed (:func:`~daskrl.observe.profile.overhead_seconds`, the definition
+        fragment computed (:func:`~daskrl.observe.parts.overhead_seconds`, the definition
         ``daskrl profile`` prints), all iterations after the first (NaN before any)."""
         if self.iteration_sum <= 0:
             return float("nan")
