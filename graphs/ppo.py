@@ -5,6 +5,12 @@ Run: ``daskrl train graphs/ppo.py --env CartPole-v1 --steps 500000``.
 The policy head follows the env's spaces: categorical for discrete actions, Gaussian (with
 observation normalisation and reward scaling, CleanRL's ``ppo_continuous_action``) for a Box
 of actions, the Nature-DQN CNN for Atari frames.
+
+``--vtrace`` (flat observations) keeps the same heads and running statistics: the actors
+record sequences with the acting policy's log-probability of each step's whole action (a
+Gaussian's summed over the action dimensions) and the learner takes V-trace targets under its
+own, e.g. ``daskrl train graphs/ppo.py --env Hopper-v5 --vtrace --distribution
+actors-learner:stale=1``.
 """
 
 from __future__ import annotations
@@ -93,11 +99,10 @@ def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int,
                  ) -> ActorCriticLearner:
     """Role ``learner``: the network (the head for ``spaces``) and optimiser, on ``device``."""
     hidden = (config.hidden,) * 2
-    if config.vtrace:
-        obs_dim, num_actions = int(np.prod(spaces[0].shape)), int(spaces[1].n)
-        return VTraceLearner(obs_dim, num_actions, seed, hidden, config.hyper(),
-                             device, config.compile, loss="ppo")
     network = partial(actor_critic_for, *spaces, hidden, config.normalization(spaces[1]))
+    if config.vtrace:  # the same head: categorical, or Gaussian with its running statistics
+        return VTraceLearner(0, 0, seed, hidden, config.hyper(), device, config.compile,
+                             loss="ppo", network=network)
     return ActorCriticLearner(0, 0, seed, hidden, config.hyper(), device,
                               compile=config.compile, network=network,
                               replicas=config.num_actors)
@@ -107,7 +112,7 @@ def make_actor(config: Config, norm: Normalization, seed: int) -> VecEnvActor | 
     """Role ``rollout``: one replica's envs and policy copy."""
     if config.vtrace:
         return SequenceActor(config.env, config.num_envs, seed, (config.hidden,) * 2,
-                             config.gamma, config.env_step_cost)
+                             config.gamma, config.env_step_cost, norm)
     return VecEnvActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
                        config.gae_lambda, config.env_step_cost, norm, config.env_backend)
 
@@ -124,10 +129,15 @@ def build(config: Config) -> Algorithm:
     norm = config.normalization(spaces[1])
     hidden = (config.hidden,) * 2
     net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves, in one line
-    if config.vtrace and (net.action_shape or norm.obs or norm.reward
-                          or len(spaces[0].shape) != 1):
-        raise ValueError("--vtrace serves discrete actions on flat observations without "
-                         "--normalize: drop --vtrace for this env")
+    if config.vtrace and len(spaces[0].shape) != 1:
+        raise ValueError(f"--vtrace serves flat observations, not {config.env}'s of shape "
+                         f"{spaces[0].shape}: drop --vtrace for this env")
+    if config.vtrace and not net.action_shape and (norm.obs or norm.reward):
+        raise ValueError("--vtrace with --normalize on serves Box actions (the discrete heads "
+                         "keep no running statistics): drop --normalize on for this env")
+    if config.vtrace and config.env_backend != "gymnasium":
+        raise ValueError("--vtrace steps gymnasium's vector envs: drop --env-backend "
+                         f"{config.env_backend} or --vtrace")
     params = sum(p.numel() for p in net.parameters())
     obs_space = spaces[0]
     image = obs_space.dtype == np.uint8  # frames travel as uint8

@@ -28,6 +28,7 @@ from daskrl.algos import losses
 from daskrl.algos.actor_critic import EnvRunner, spaces_of
 from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, shuffled_minibatches
 from daskrl.algos.networks import actor_critic_for
+from daskrl.algos.normalize import Moments, Normalization
 from daskrl.algos.ppo import PPOHyper
 from daskrl.core.algorithm import Batch
 
@@ -51,6 +52,12 @@ class SequenceActor:
     and marked invalid (``valid``), and ``discounts`` is ``gamma`` but 0 where an episode
     terminated. The env is built on first use (:meth:`resized` builds none).
 
+    With ``normalization`` (PPO's running statistics, :mod:`daskrl.algos.normalize`) the
+    network normalises the observations it is given (they are recorded raw, so the learner
+    normalises them with its own statistics), rewards are recorded scaled by the return
+    statistics that came with the weights, and ``batch["moments"]`` carries the moments of
+    the valid observations and discounted returns for the learner to merge.
+
     Examples
     --------
     >>> actor = SequenceActor("CartPole-v1", num_envs=2, seed=0)
@@ -62,20 +69,24 @@ class SequenceActor:
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (64, 64),
-                 gamma: float = 0.99, step_cost: float = 0.0) -> None:
+                 gamma: float = 0.99, step_cost: float = 0.0,
+                 normalization: Normalization | None = None) -> None:
         self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
         self.gamma, self.step_cost = gamma, step_cost
+        self.normalization = normalization or Normalization()
         obs_space, action_space = spaces_of(env_id)
         if len(obs_space.shape) != 1:
             raise ValueError(f"{env_id}: observations of shape {obs_space.shape}; V-trace actors "
                              "serve flat observations (flatten them with a wrapper)")
         self.obs_dim = int(np.prod(obs_space.shape))
-        self.net = actor_critic_for(obs_space, action_space, hidden)
+        self.net = actor_critic_for(obs_space, action_space, hidden, self.normalization)
         self.action_shape: tuple[int, ...] = tuple(self.net.action_shape)
         self.action_dtype = self.net.action_dtype
         self.generator = torch.Generator().manual_seed(seed)
         self.version = -1
         self._runner: EnvRunner | None = None
+        self.discounted = np.zeros(num_envs)
+        """Per env: the discounted return so far of its episode (reward scaling's statistic)."""
 
     @property
     def runner(self) -> EnvRunner:
@@ -87,7 +98,7 @@ class SequenceActor:
     def resized(self, num_envs: int, seed: int) -> SequenceActor:
         """An actor with the same settings, ``num_envs`` envs and ``seed`` (fusion)."""
         return SequenceActor(self.env_id, num_envs, seed, self.hidden, self.gamma,
-                             self.step_cost)
+                             self.step_cost, self.normalization)
 
     def set_weights(self, weights: dict[str, Tensor], version: int) -> None:
         """Load the learner's weights unless this version is already loaded."""
@@ -108,6 +119,8 @@ class SequenceActor:
         valid = np.zeros((num_steps, n), dtype=bool)
         returns: list[float] = []
         lengths: list[int] = []
+        ret_rms = self.net.ret_rms
+        seen = np.zeros((num_steps, n)) if ret_rms is not None else None
         for t in range(num_steps):
             t0 = time.perf_counter()
             obs[t] = np.asarray(runner.obs, dtype=np.float32).reshape(n, -1)
@@ -116,6 +129,12 @@ class SequenceActor:
             inference_s += time.perf_counter() - t0
             step = runner.step(actions[t].copy())
             rewards[t], valid[t] = step.reward, step.valid
+            if seen is not None:  # gymnasium's NormalizeReward, statistics frozen for the rollout
+                live = step.valid
+                self.discounted[live] = self.discounted[live] * self.gamma + step.reward[live]
+                seen[t] = self.discounted
+                self.discounted[step.done & live] = 0.0
+                rewards[t] = np.clip(step.reward / ret_rms.std(), -ret_rms.clip, ret_rms.clip)
             discounts[t] = self.gamma * ~np.asarray(step.terminated, dtype=bool)
             returns.extend(step.episode_returns)
             lengths.extend(step.episode_lengths)
@@ -125,6 +144,13 @@ class SequenceActor:
             "rewards": rewards.T.copy(), "discounts": discounts.T.copy(), "valid": valid.T.copy(),
             "last_obs": np.asarray(runner.obs, dtype=np.float32).reshape(n, -1).copy(),
         }
+        moments = {}
+        if self.net.obs_rms is not None:
+            moments["obs"] = Moments.of(obs[valid])
+        if seen is not None:
+            moments["ret"] = Moments.of(seen[valid])
+        if moments:
+            batch["moments"] = moments
         batch["stats"] = {
             "env_steps": int(valid.sum()), "rollout_steps": num_steps,
             "episode_returns": returns, "episode_lengths": lengths,
@@ -195,6 +221,7 @@ class VTraceLearner(ActorCriticLearner):
         """Start an update: the V-trace targets of ``batches`` under the current network,
         flattened to their valid steps, cut into the plan's minibatches."""
         self.schedule(progress)
+        self._merge_later(batches, statistics)  # running statistics, merged after the update
         seq = batch_tensors([{k: b[k] for k in (*SEQUENCE_KEYS, "stats")} for b in batches],
                             self.device)
         envs, steps = seq["actions"].shape[:2]
