@@ -256,6 +256,37 @@ def _fmt(value: Any) -> Any:
     return value
 
 
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/summary.json`` (what :func:`write_summary` wrote); empty while the run has
+    not written it yet.
+
+    Raises
+    ------
+    ValueError
+        Naming the file when it holds no JSON object (e.g. cut short by a full disk).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> read_summary(run)
+    {}
+    >>> write_summary(run / "summary.json", {"env_steps": 64, "eval_return_mean": math.nan})
+    >>> read_summary(run)
+    {'env_steps': 64, 'eval_return_mean': None}
+    """
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON ({exc}): written by a run cut short?") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds {type(data).__name__}, not the summary's JSON object")
+    return data
+
+
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
     """Write ``summary.json`` (NaN written as null)."""
     clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}

@@ -9,13 +9,13 @@ modules are also importable from here.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from daskrl.observe.advice import BUSY_TARGET, advice, bottleneck, learner_waits
+from daskrl.observe.metrics import read_summary
 from daskrl.observe.parts import (
     LEGACY_PARTS,
     OVERHEAD_PARTS,
@@ -110,9 +110,9 @@ def _rows(run_dir: Path) -> list[dict[str, float]]:
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
-    """The graph config in ``run_dir/summary.json`` (empty while the run is going)."""
-    path = run_dir / "summary.json"
+    """The graph config in ``run_dir/summary.json`` (empty while the run is going, or when
+    the file cannot be read: the report is made from ``metrics.csv`` all the same)."""
     try:
-        return dict(json.loads(path.read_text()).get("config") or {})
+        return dict(read_summary(run_dir).get("config") or {})
     except (OSError, ValueError):
         return {}

@@ -3,7 +3,6 @@ policy weights of its last (or a chosen, or the best) checkpoint."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from daskrl.core.algorithm import Algorithm, Weights
 from daskrl.core.script import UserError, load_graph
+from daskrl.observe.metrics import read_summary
 from daskrl.runtime.checkpoint import list_checkpoints
 from daskrl.trained.config import config_from_dict
 
@@ -185,8 +185,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, best: bo
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one line
         raise ValueError(f"{path}: not a daskrl checkpoint ({type(exc).__name__}: {exc})"
                          ) from None
-    summary_file = out / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    summary = read_summary(out)
     meta = ckpt.get("meta") or summary
     if "config" not in meta:
         raise ValueError(f"{path}: holds no graph config (meta); it was not written by "

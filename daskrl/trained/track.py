@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from daskrl.observe.metrics import read_summary
 from daskrl.observe.plot import read_metrics
 
 __all__ = ["log_run_mlflow"]
@@ -59,8 +60,7 @@ def log_run_mlflow(run_dir: str | Path, tracking_uri: str | None = None,
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     exp_id = found.experiment_id if found is not None else client.create_experiment(experiment)
-    summary_file = out / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    summary = read_summary(out)
     run = client.create_run(exp_id, run_name=out.name, tags={"daskrl.out": str(out)})
     run_id = run.info.run_id
     data = read_metrics(out)
