@@ -23,6 +23,11 @@ learn
     CartPole-v1 with ``--learn-actors`` actors up to ``--learn-steps`` env steps, evaluated
     every ``--eval-steps`` env steps (10 greedy episodes, ``--eval-every``): wall clock and
     env steps at the first evaluation reaching ``--threshold``, and the final evaluation.
+mujoco
+    ``--mujoco-env`` (Hopper-v5; continuous actions, the Gaussian head) with
+    ``--learn-actors`` actors for a fixed budget of ``--mujoco-steps`` env steps: steady
+    env-steps/s, learner busy share, mean policy lag, and the final evaluation (10 greedy
+    episodes) after the budget.
 
 Medians over ``--repeats`` (seeds 1, 2, ...; repeats are the outer loop so that load from
 other work on the machine spreads over all cells); the load average is recorded before and
@@ -35,11 +40,13 @@ import argparse
 import csv
 import json
 import math
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +61,25 @@ from _common import (
 )
 
 SYSTEMS = {"impala": "impala", "lockstep": "actors-learner", "stale=1": "actors-learner:stale=1"}
-"""Column name -> ``--distribution``."""
+"""Column name -> ``--distribution``. ``--systems`` also takes a distribution spec of its own
+(``impala:in_flight=1``), named by itself."""
 
 
 def run_once(out: Path, system: str, actors: int, seed: int, steps: int, workers: int,
-             step_cost: float = 0.0, eval_every: int = 0) -> dict[str, Any]:
-    """One ``daskrl train graphs/impala.py`` process; its metrics boiled down."""
-    args = [sys.executable, "-m", "daskrl.cli", "train", "graphs/impala.py", "--workers",
-            str(workers), "--num-actors", str(actors), "--distribution", SYSTEMS[system],
-            "--seed", str(seed), "--steps", str(steps), "--out", str(out), "--no-progress",
-            "--env-step-cost", str(step_cost)]
-    args += ["--eval-every", str(eval_every)] if eval_every else ["--no-eval"]
+             step_cost: float = 0.0, eval_every: int = 0, env: str = "CartPole-v1",
+             final_eval: bool = False, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """One ``daskrl train graphs/impala.py`` process; its metrics boiled down.
+
+    ``eval_every`` iterations an evaluation (and the final one); ``final_eval`` alone: only
+    the final one; ``extra``: more flags of the graph (``--learning-rate 5e-4``)."""
+    args = [sys.executable, "-m", "daskrl.cli", "train", "graphs/impala.py", "--env", env,
+            "--workers", str(workers), "--num-actors", str(actors), "--distribution",
+            SYSTEMS.get(system, system), "--seed", str(seed), "--steps", str(steps), "--out",
+            str(out), "--no-progress", "--env-step-cost", str(step_cost), *extra]
+    if eval_every:
+        args += ["--eval-every", str(eval_every)]
+    elif not final_eval:
+        args += ["--no-eval"]
     if actors > workers:  # more actors than CPU slots: each actor asks for its share of one
         args += ["--resources", f"rollout=CPU:{workers / actors:g}"]
     before = load_average()
@@ -105,11 +120,17 @@ def boil(rows: list[dict[str, str]], threshold: float = 475.0) -> dict[str, Any]
     lags = [x for x in lags if not math.isnan(x)]
     by_iteration = {int(_num(r["iteration"])): r for r in train}
     reached = None
+    evals: list[tuple[float, float]] = []  # (env steps, return) of each evaluation
     for r in rows:  # eval rows name the iteration whose weights they scored
-        if _num(r.get("eval_return_mean")) >= threshold:
-            at = by_iteration.get(int(_num(r.get("eval_iteration"))), r)
+        score = _num(r.get("eval_return_mean"))
+        if math.isnan(score):
+            continue
+        at = by_iteration.get(int(_num(r.get("eval_iteration"))), r)
+        evals.append((_num(at["env_steps"]), score))
+        if reached is None and score >= threshold:
             reached = {"wall_s": _num(at["wall_s"]), "env_steps": _num(at["env_steps"])}
-            break
+    # the mean evaluation over the run's last fifth: whether what was reached was kept
+    late = [v for s, v in evals if s >= 0.8 * _num(last["env_steps"])]
     idle = [_num(r.get("learner_idle_s")) for r in later]
     walls = [_num(r.get("iteration_s")) for r in later]
     idle_share = (sum(idle) / sum(walls) if idle and not any(map(math.isnan, idle))
@@ -117,7 +138,8 @@ def boil(rows: list[dict[str, str]], threshold: float = 475.0) -> dict[str, Any]
     return {"env_steps_per_s": steady, "learner_busy": statistics.fmean(busy) if busy else None,
             "learner_idle_share": idle_share,
             "policy_lag": statistics.fmean(lags) if lags else 0.0,
-            "to_threshold": reached, "iterations": len(train)}
+            "to_threshold": reached, "iterations": len(train), "evals": evals,
+            "late_eval": statistics.fmean(late) if late else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learn-steps", type=int, default=500_000)
     p.add_argument("--eval-steps", type=int, default=10_240)
     p.add_argument("--threshold", type=float, default=475.0)
+    p.add_argument("--mujoco-env", default="Hopper-v5")
+    p.add_argument("--mujoco-steps", type=int, default=200_000)
+    p.add_argument("--graph-args", default="",
+                   help="more flags for every run, e.g. '--learning-rate 5e-4'")
     p.add_argument("--quick", action="store_true", help="a smoke test; writes nothing here")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/impala.json")
     p.add_argument("--md", type=Path, default=ROOT / "benchmarks/impala.md")
@@ -142,15 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.speed_steps, args.costly_steps = 1, 4096, 2048
-        args.learn_steps, args.actors = 8192, "2"
+        args.learn_steps, args.actors, args.mujoco_steps = 8192, "2", 4096
     actors = [int(a) for a in args.actors.split(",")]
     systems = args.systems.split(",")
+    for system in systems:
+        if system not in SYSTEMS and not system.startswith(("impala:", "actors-learner:")):
+            p.error(f"--systems: {system!r} is neither one of {', '.join(SYSTEMS)} nor an "
+                    "impala:... or actors-learner:... distribution spec")
     phases = args.phases.split(",")
     results: dict[str, Any] = {"machine": machine_info(), "settings": vars(args) | {
         "json": str(args.json), "md": str(args.md)}, "runs": []}
     tmp = Path(tempfile.mkdtemp(prefix="impala-bench-"))
     for seed in range(1, args.repeats + 1):
         cells: list[tuple[str, str, int, int, float, int]] = []
+        if "mujoco" in phases:  # first: the longest runs, while the seed's load is fresh
+            cells.append(("mujoco", args.mujoco_env, args.learn_actors, args.mujoco_steps,
+                          0.0, 0))
         if "speed" in phases:
             for env, steps, cost in (("CartPole-v1", args.speed_steps, 0.0),
                                      (f"CartPole-v1 + {args.env_step_cost} s/step",
@@ -163,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         for phase, env, n, steps, cost, every in cells:
             for system in systems:
                 out = tmp / f"{phase}-{system}-{n}-{cost}-{seed}"
-                got = run_once(out, system, n, seed, steps, args.workers, cost, every)
+                got = run_once(out, system, n, seed, steps, args.workers, cost, every,
+                               env.split(" + ")[0], final_eval=phase == "mujoco",
+                               extra=shlex.split(args.graph_args))
                 row = {"phase": phase, "env": env, "system": system, "actors": n, "seed": seed,
                        **got}
                 results["runs"].append(row)
@@ -191,7 +226,9 @@ def report(results: dict[str, Any]) -> str:
     lines = [f"Medians of {done} repeat(s) (seeds 1..{done}), {s['workers']} workers of "
              f"the embedded cluster, machine shared with other work: 1-minute load average "
              f"{min(loads):.1f}-{max(loads):.1f} during the runs (2 cores). Ratios between "
-             "columns of one row are the comparable numbers.", ""]
+             "columns of one row are the comparable numbers."
+             + (f" Graph flags of every run: `{s['graph_args']}`." if s.get("graph_args")
+                else ""), ""]
     speed = [r for r in runs if r["phase"] == "speed"]
     if speed:
         rows = []
@@ -208,20 +245,39 @@ def report(results: dict[str, Any]) -> str:
         lines += ["### Throughput, learner busy share, policy lag", "",
                   markdown_table(heads, rows), ""]
     learn = [r for r in runs if r["phase"] == "learn"]
+    named = list(dict.fromkeys([*SYSTEMS, *(r["system"] for r in runs)]))
     if learn:
         rows = []
-        for sy in SYSTEMS:
+        for sy in named:
             mine = [r for r in learn if r["system"] == sy and not r.get("error")]
             if not mine:
                 continue
             wall = [(r["to_threshold"] or {}).get("wall_s", math.inf) for r in mine]
             steps = [(r["to_threshold"] or {}).get("env_steps", math.inf) for r in mine]
             rows.append([sy, median(wall), median(steps), _cell(mine, "final_eval"),
+                         _cell(mine, "late_eval"), _cell(mine, "process_s"),
                          f"{sum(r['to_threshold'] is not None for r in mine)}/{len(mine)}"])
         lines += [f"### Wall clock to eval {s['threshold']:g} on CartPole-v1 "
                   f"({s['learn_actors']} actors, at most {s['learn_steps']:,} env steps)", "",
-                  markdown_table(["system", "wall s", "env steps", "final eval", "reached"],
-                                 rows), ""]
+                  markdown_table(["system", "wall s", "env steps", "final eval",
+                                  "last-fifth eval", "process s", "reached"], rows), ""]
+    mujoco = [r for r in runs if r["phase"] == "mujoco"]
+    if mujoco:
+        rows = []
+        for sy in named:
+            mine = sorted((r for r in mujoco if r["system"] == sy and not r.get("error")),
+                          key=lambda r: r["seed"])
+            if not mine:
+                continue
+            rows.append([sy, _cell(mine, "env_steps_per_s"), _cell(mine, "learner_busy"),
+                         _cell(mine, "policy_lag"), _cell(mine, "process_s"),
+                         _cell(mine, "final_eval"),
+                         " / ".join("-" if r.get("final_eval") is None
+                                    else f"{r['final_eval']:.0f}" for r in mine)])
+        lines += [f"### {s['mujoco_env']}, {s['learn_actors']} actors, "
+                  f"{s['mujoco_steps']:,} env steps", "",
+                  markdown_table(["system", "steps/s", "learner busy", "lag", "process s",
+                                  "final eval", "final evals by seed"], rows), ""]
     return "\n".join(lines)
 
 
