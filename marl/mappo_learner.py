@@ -294,6 +294,9 @@ class MAPPOLearner:
         # update_cpu_s: this thread's CPU time in the update's own work (minibatches,
         # gradients, steps). Apart from other jobs' load, update_s - update_cpu_s is time spent
         # waiting between steps: in data-parallel, for the other replicas' gradients.
+        cpu = [s["cpu_s"] for s in batch_stats if "cpu_s" in s]
+        if cpu:  # the rollouts' own CPU seconds (the slowest one, like rollout_s)
+            metrics["rollout_cpu_s"] = max(cpu)
         metrics.update(update_s=update_s, update_cpu_s=self._cpu,
                        agent_steps_per_s=metrics["agent_steps"] / max(rollout_s + update_s, 1e-9))
         del self._update

@@ -220,7 +220,7 @@ class MAPPOActor:
     def collect(self, num_steps: int) -> dict[str, Any]:
         """:meth:`rollout` with the arrays left as tensors on the actor's device."""
         env, model, spec = self.env, self.model, self.spec
-        t_start = time.time()
+        t_start, cpu_start = time.time(), time.thread_time()
         obs = self.obs
         (e, a, d), t_max, dev = obs.shape, num_steps, obs.device
         b_obs = torch.empty(t_max + 1, e, a, d, device=dev)
@@ -263,6 +263,7 @@ class MAPPOActor:
             "episode_returns": tr.headline, "episode_lengths": tr.lengths,
             "team_returns": tr.team_returns, "t_start": t_start, "t_end": time.time(),
             "policy_version": self.version, "env_s": env_s, "inference_s": inference_s,
+            "cpu_s": time.thread_time() - cpu_start,  # this thread's CPU: less load-sensitive
         }
         slots = t_max * e
         return {"obs": b_obs[:t_max].view(slots, a, d), "actions": b_act.view(slots, a),

@@ -181,6 +181,9 @@ def test_graph_runs_under_distributions(cluster_gpu_client, tmp_path, name):
     assert {"eval_return_mean", "eval_return_mean/adversary"} <= set(summary)
     if name == "data-parallel":
         assert all(r["replicas_identical"] == "True" for r in rows)
+        # where each replica's update went: 2 epochs x 2 minibatches + the statistics round
+        assert {float(r["dp/rounds"]) for r in rows} == {5.0}
+        assert all(float(r[f"dp/compute_cpu_s/r{k}"]) > 0 for r in rows for k in (0, 1))
     else:
         assert int(rows[0]["agents"]) == 2 * 8 * 4
 

@@ -53,6 +53,7 @@ from daskrl.distributions.base import (
 from daskrl.distributions.replica import (
     ReplicaUpdate,
     finish_replica,
+    round_split,
     start_replica,
     sync_rounds,
 )
@@ -91,7 +92,7 @@ def replica_step(ctx: TaskContext, avg: torch.Tensor, step: int, steps: int) -> 
     if flat is not None:
         return flat
     del holder["update"]
-    return finish_replica(ctx, holder, update.finish())
+    return finish_replica(ctx, holder, update)
 
 
 def mean_of(*parts: torch.Tensor, count: int) -> torch.Tensor:
@@ -113,6 +114,7 @@ def gather(ctx: TaskContext, learner_in: LearnerOutput, *outs: dict[str, Any]) -
     metrics = dict(outs[0]["metrics"])
     metrics.update(merge_stats([o["stats"] for o in outs]))
     digests = [o["digest"] for o in outs]
+    metrics.update(round_split([o["phases"] for o in outs]))
     metrics.update(replicas_identical=len(set(digests)) == 1, replica_digests=";".join(digests),
                    learner_worker=";".join(o["worker"] for o in outs),
                    learner_built=any(o["built"] for o in outs),

@@ -3,6 +3,7 @@ outside between all-reduces (by Dask tasks or by ``torch.distributed``)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -44,33 +45,131 @@ class ReplicaUpdate:
         self.plan: list[Any] | None = None
         self.done: list[dict[str, float]] = []
         self.grads: list[torch.Tensor] = []
+        self.phases = Phases()
 
     def start(self) -> torch.Tensor:
         """The first flat tensor to average across the replicas."""
-        if self.learner.update_plan().statistics:
-            return self.learner.statistics(self.batches).reshape(-1).cpu()
-        self.plan = self.learner.minibatches(self.batches, self.progress)
-        return self._compute()
+        with self.phases.timed("prepare"):
+            if self.learner.update_plan().statistics:
+                self.phases.statistics = True
+                out = self.learner.statistics(self.batches).reshape(-1).cpu()
+            else:
+                self.plan = self.learner.minibatches(self.batches, self.progress)
+                out = None
+        out = self._compute() if out is None else out
+        self.phases.ready.append(time.time())
+        return out
 
     def step(self, avg: torch.Tensor) -> torch.Tensor | None:
         """Apply the average of the last tensor; the next gradients, or None at the end."""
+        self.phases.back.append(time.time())
         if self.plan is None:
-            self.plan = self.learner.minibatches(self.batches, self.progress, avg)
+            with self.phases.timed("prepare"):
+                self.plan = self.learner.minibatches(self.batches, self.progress, avg)
         else:
-            unflatten_into(avg, self.grads)
-            self.learner.apply_gradients(self.grads)
-        return self._compute() if len(self.done) < len(self.plan) else None
+            with self.phases.timed("apply"):
+                unflatten_into(avg, self.grads)
+                self.learner.apply_gradients(self.grads)
+        if len(self.done) == len(self.plan):
+            return None
+        out = self._compute()
+        self.phases.ready.append(time.time())
+        return out
 
     def _compute(self) -> torch.Tensor:
         assert self.plan is not None
-        grads, metrics = self.learner.compute_gradients(self.plan[len(self.done)])
-        self.done.append(metrics)
-        self.grads = grads
-        return flatten(grads)
+        with self.phases.timed("compute"):
+            grads, metrics = self.learner.compute_gradients(self.plan[len(self.done)])
+            self.done.append(metrics)
+            self.grads = grads
+            return flatten(grads)
 
     def finish(self) -> dict[str, float]:
         """The update's metrics (``finish_update`` of the learner)."""
         return self.learner.finish_update(self.done)
+
+
+class Phases:
+    """Where one replica's update spends its time: wall and thread-CPU seconds of each phase,
+    and the wall clock at which each round's tensor was ready and its average came back.
+
+    All replicas of a run share one host clock (``time.time``) when they share a host, so
+    :func:`round_split` can tell waiting for a slower replica from the all-reduce itself.
+    CPU seconds are this thread's (``time.thread_time``): other jobs on the cores do not
+    inflate them the way they inflate wall time.
+
+    Examples
+    --------
+    >>> ph = Phases()
+    >>> with ph.timed("compute"):
+    ...     _ = sum(range(1000))
+    >>> sorted(ph.wall), ph.cpu["compute"] >= 0.0
+    (['compute'], True)
+    """
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.ready: list[float] = []
+        self.back: list[float] = []
+        self.statistics = False
+        """Whether round 0 carried batch statistics rather than gradients."""
+
+    def timed(self, name: str) -> _Timed:
+        """A context manager adding its block's wall and CPU seconds to phase ``name``."""
+        return _Timed(self, name)
+
+    def summary(self) -> dict[str, Any]:
+        """Per-phase totals and the round clocks (what travels back with the replica)."""
+        return {"wall": dict(self.wall), "cpu": dict(self.cpu), "ready": list(self.ready),
+                "back": list(self.back), "statistics": self.statistics}
+
+
+class _Timed:
+    def __init__(self, phases: Phases, name: str) -> None:
+        self.phases, self.name = phases, name
+
+    def __enter__(self) -> None:
+        self.t0, self.c0 = time.perf_counter(), time.thread_time()
+
+    def __exit__(self, *exc: object) -> None:
+        ph, name = self.phases, self.name
+        ph.wall[name] = ph.wall.get(name, 0.0) + time.perf_counter() - self.t0
+        ph.cpu[name] = ph.cpu.get(name, 0.0) + time.thread_time() - self.c0
+
+
+def round_split(phases: list[dict[str, Any]]) -> dict[str, float]:
+    """Split the replicas' sync rounds: ``dp/wait_s/r<r>`` (replica ``r`` ready, the slowest
+    not yet: waiting for the slower replica), ``dp/sync_s`` (from the last replica ready to
+    the first average back: the all-reduce itself, scheduler round trip included), and
+    ``dp/stats_round_s`` (the same for round 0 when it carried batch statistics, in
+    ``dp/sync_s`` too), summed over the rounds of one update; plus each replica's phase
+    totals (``dp/<phase>_s/r<r>``, ``dp/<phase>_cpu_s/r<r>``).
+
+    Examples
+    --------
+    >>> a = {"wall": {"compute": 1.0}, "cpu": {"compute": 0.9}, "ready": [1.0, 3.0],
+    ...      "back": [1.5, 3.5]}
+    >>> b = {"wall": {"compute": 1.2}, "cpu": {"compute": 1.1}, "ready": [1.2, 3.1],
+    ...      "back": [1.6, 3.4]}
+    >>> s = round_split([a, b])
+    >>> round(s["dp/wait_s/r0"], 3), round(s["dp/sync_s"], 3), s["dp/compute_cpu_s/r1"]
+    (0.3, 0.6, 1.1)
+    """
+    out: dict[str, float] = {}
+    rounds = min(len(p["back"]) for p in phases)
+    last_ready = [max(p["ready"][i] for p in phases) for i in range(rounds)]
+    sync = [min(p["back"][i] for p in phases) - last_ready[i] for i in range(rounds)]
+    out["dp/sync_s"] = sum(sync)
+    out["dp/rounds"] = rounds
+    if phases[0].get("statistics") and rounds:
+        out["dp/stats_round_s"] = sync[0]
+    for r, p in enumerate(phases):
+        out[f"dp/wait_s/r{r}"] = sum(last_ready[i] - p["ready"][i] for i in range(rounds))
+        for name, value in p["wall"].items():
+            out[f"dp/{name}_s/r{r}"] = value
+            out[f"dp/{name}_cpu_s/r{r}"] = p["cpu"][name]
+    return out
 
 
 def sync_rounds(learner: Any) -> int:
@@ -131,22 +230,29 @@ def start_replica(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput
     learner = holder["learner"]
     actor, actor_built = resident_actor(ctx, algo, saved=learner_in.actors)
     actor.set_weights(learner_in.weights, learner_in.version)
+    t0, c0 = time.perf_counter(), time.thread_time()
     batch = actor.rollout(algo.num_steps)
+    holder["rollout_phase"] = (time.perf_counter() - t0, time.thread_time() - c0)
     batch["stats"].update(worker=worker_name(), built=actor_built, replica=ctx.replica)
     keep_snapshot(ctx, actor, "rollout", ctx.replica, batch["stats"])
     holder.update(stats=batch["stats"], built=built)
     return holder, learner, batch
 
 
-def finish_replica(ctx: TaskContext, holder: dict[str, Any], metrics: dict[str, Any]
+def finish_replica(ctx: TaskContext, holder: dict[str, Any], update: ReplicaUpdate
                    ) -> dict[str, Any]:
     """The replica's output after its update: metrics, stats, weight digest (and replica
-    0's weights and state)."""
-    learner = holder["learner"]
+    0's weights and state), and where its time went (:meth:`Phases.summary`)."""
+    learner, phases = holder["learner"], update.phases
+    metrics = update.finish()
     holder["version"] += 1
-    weights = learner.weights()
-    out = {"metrics": metrics, "stats": holder.pop("stats"), "digest": digest(weights),
-           "worker": worker_name(), "built": holder.get("built", False)}
-    if ctx.replica == 0:
-        out.update(state=learner.state_dict(), weights=weights)
+    with phases.timed("finish"):
+        weights = learner.weights()
+        out = {"metrics": metrics, "stats": holder.pop("stats"), "digest": digest(weights),
+               "worker": worker_name(), "built": holder.get("built", False)}
+        if ctx.replica == 0:
+            out.update(state=learner.state_dict(), weights=weights)
+    wall, cpu = holder.pop("rollout_phase", (0.0, 0.0))
+    phases.wall["rollout"], phases.cpu["rollout"] = wall, cpu
+    out["phases"] = phases.summary()
     return out

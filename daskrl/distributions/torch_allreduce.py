@@ -60,6 +60,24 @@ def ensure_group(run: str, rank: int, world: int, backend: str,
     _GROUP["store"] = store  # the group uses it for its lifetime
 
 
+def all_reduce_mean(flat: torch.Tensor, world: int, device: str = "cpu") -> torch.Tensor:
+    """The mean of ``flat`` over this process's group: one all-reduce of one flat buffer
+    (every gradient of the step, or the batch statistics), summed and divided in place.
+
+    ``flat`` is the round's own tensor (:func:`~daskrl.distributions.replica.flatten` made
+    it), so it is overwritten: no second buffer per round. With two replicas the sum is
+    ``a + b`` on both (addition commutes exactly), so every replica gets the same bits, and
+    the same bits as the Dask path's ``(a + b) / 2``
+    (``tests/test_data_parallel_allreduce.py``).
+    """
+    flat = flat.to(device)
+    try:
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    except RuntimeError as exc:  # gloo/NCCL: a replica's worker is gone or hangs
+        raise PeerLost(f"data-parallel:allreduce=torch: a replica is gone ({exc})") from None
+    return flat.div_(world)
+
+
 def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                   workers: tuple[str, ...]) -> dict[str, Any]:
     """Role ``replica``: roll out and update, gradients all-reduced by ``torch.distributed``."""
@@ -68,16 +86,8 @@ def replica_torch(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     world = len(workers)
     ensure_group(ctx.run, ctx.replica, world, "nccl" if device.startswith("cuda") else "gloo")
 
-    def average(flat: torch.Tensor) -> torch.Tensor:
-        flat = flat.to(device)
-        try:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        except RuntimeError as exc:  # gloo/NCCL: a replica's worker is gone or hangs
-            raise PeerLost(f"data-parallel:allreduce=torch: a replica is gone ({exc})") from None
-        return flat / world
-
     update = ReplicaUpdate(learner, [batch], ctx.progress())
     flat: torch.Tensor | None = update.start()
     while flat is not None:  # the same plan on every replica: the same number of rounds
-        flat = update.step(average(flat))
-    return finish_replica(ctx, holder, update.finish())
+        flat = update.step(all_reduce_mean(flat, world, device))
+    return finish_replica(ctx, holder, update)
