@@ -102,7 +102,7 @@ def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int,
     network = partial(actor_critic_for, *spaces, hidden, config.normalization(spaces[1]))
     if config.vtrace:  # the same head: categorical, or Gaussian with its running statistics
         return VTraceLearner(0, 0, seed, hidden, config.hyper(), device, config.compile,
-                             loss="ppo", network=network)
+                             loss="ppo", network=network, replicas=config.num_actors)
     return ActorCriticLearner(0, 0, seed, hidden, config.hyper(), device,
                               compile=config.compile, network=network,
                               replicas=config.num_actors)

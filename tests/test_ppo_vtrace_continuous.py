@@ -8,6 +8,7 @@ import csv
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from distributed import Client
 
 from daskrl.algos import losses
 from daskrl.algos.actor_critic import spaces_of
@@ -22,6 +24,7 @@ from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.normalize import Moments, Normalization
 from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
+from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,3 +195,50 @@ def test_the_refusals_that_remain_are_one_line() -> None:
     pytest.importorskip("ale_py")
     line = _refusal(ppo, env="ALE/Breakout-v5")
     assert "--vtrace serves flat observations" in line and "(4, 84, 84)" in line
+
+
+@pytest.fixture(scope="module")
+def clients() -> Iterator[dict[int, Client]]:
+    clusters = {n: local_cluster([{"CPU": 1}] * n) for n in (1, 2)}
+    out = {n: Client(c) for n, c in clusters.items()}
+    try:
+        yield out
+    finally:
+        for n in out:
+            out[n].close()
+            clusters[n].close()
+
+
+def _train(client: Client, spec: str, out: Path, deterministic: bool = True) -> dict[str, Any]:
+    from daskrl.distributions import get_distribution
+    from daskrl.runtime.driver import RunSettings, train
+
+    ppo = load_graph(str(ROOT / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config(env="Pendulum-v1", vtrace=True, num_actors=2, num_envs=2,
+                                num_steps=16, update_epochs=2, num_minibatches=2, hidden=16))
+    settings = RunSettings(out=out, steps=2 * algo.steps_per_iteration, seed=3, eval=False,
+                           progress=False, tensorboard=False, deterministic=deterministic)
+    summary = train(client, algo, get_distribution(spec), settings)
+    model = torch.load(sorted((out / "checkpoints").glob("ckpt-*.pt"))[-1],
+                       weights_only=False)["learner"]["model"]
+    # every valid step of both iterations merged into the statistics the weights carry
+    assert model["obs_rms.count"].item() == pytest.approx(summary["env_steps"] + 1e-4), spec
+    return summary
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", ["actors-learner", "single", "impala"])
+def test_pendulum_vtrace_runs_under_the_distributions_that_serve_it(clients: dict[int, Client],
+                                                                     tmp_path: Path,
+                                                                     spec: str) -> None:
+    _train(clients[2], spec, tmp_path, deterministic=spec != "impala")
+
+
+@pytest.mark.timeout(300)
+def test_vtrace_statistics_are_identical_on_one_and_two_workers(clients: dict[int, Client],
+                                                                 tmp_path: Path) -> None:
+    # data-parallel: the replicas average their moments before the V-trace update
+    one = _train(clients[1], "data-parallel", tmp_path / "one")
+    two = _train(clients[2], "data-parallel", tmp_path / "two")
+    assert len(set(sum(two["placement"].values(), []))) == 2, two["placement"]
+    assert one["weights_sha256"] == two["weights_sha256"]

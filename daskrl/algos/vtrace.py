@@ -182,6 +182,9 @@ class VTraceLearner(ActorCriticLearner):
     network : callable, optional
         Builds the network (default: a discrete head of ``obs_dim`` and ``num_actions``);
         e.g. ``partial(actor_critic_for, obs_space, action_space, hidden)`` for Box actions.
+    replicas : int
+        Data-parallel replicas whose averaged moments :meth:`minibatches` may be given (as
+        :class:`~daskrl.algos.learner.ActorCriticLearner`).
 
     Examples
     --------
@@ -198,12 +201,13 @@ class VTraceLearner(ActorCriticLearner):
                  hidden: tuple[int, ...] = (64, 64), hp: PPOHyper | None = None,
                  device: str = "cpu", compile: bool = False, *, rho_bar: float = 1.0,
                  c_bar: float = 1.0, loss: Literal["actor-critic", "ppo"] = "actor-critic",
-                 network: Callable[[], nn.Module] | None = None) -> None:
+                 network: Callable[[], nn.Module] | None = None, replicas: int = 1) -> None:
         if loss not in ("actor-critic", "ppo"):
             raise ValueError(f"loss={loss!r}: choose 'actor-critic' (IMPALA) or 'ppo'")
         self.kind = loss
         self.rho_bar, self.c_bar = rho_bar, c_bar
-        super().__init__(obs_dim, num_actions, seed, hidden, hp, device, compile, network)
+        super().__init__(obs_dim, num_actions, seed, hidden, hp, device, compile, network,
+                         replicas)
         if loss == "actor-critic":
             self.parts = losses.A2C_PARTS
         self._vtrace_metrics: dict[str, float] = {}
