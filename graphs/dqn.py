@@ -131,6 +131,6 @@ def build(config: Config) -> Algorithm:
         env_id=config.env,
         sizes=Sizes(per, 2 * mlp_params(obs_dim, num_actions, hidden),
                     replay_bytes=config.buffer_size * per),
-        capabilities={"resizable-actor", "replay"},
+        capabilities={"resizable-actor", "replay", "light-state"},
         distribution="single",
     )

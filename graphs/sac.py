@@ -101,6 +101,6 @@ def build(config: Config) -> Algorithm:
         },
         env_id=config.env,
         sizes=Sizes(per, params, replay_bytes=config.buffer_size * per),
-        capabilities={"resizable-actor"},
+        capabilities={"resizable-actor", "light-state"},
         distribution="single",
     )

@@ -169,3 +169,110 @@ def test_update_matches_one_gradient_step_at_a_time(double_q):
     for mine, ref in ((learner.net.q, net.q), (learner.target.q, target.q)):
         for a, b in zip(mine.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _small(**kw):
+    return GRAPH.build(GRAPH.Config(**{**dict(num_envs=2, num_steps=32, learning_starts=64,
+                                              hidden=16, eval_episodes=1), **kw}))
+
+
+def test_actors_learner_outputs_between_checkpoints_carry_no_replay():
+    """Only a checkpointed (or deterministic) iteration's output copies the replay; the
+    others carry the learner's light state: networks, optimiser and counters."""
+    from daskrl.core.algorithm import LearnerOutput
+    from daskrl.distributions import IterationInputs
+    from daskrl.runtime.backend import SyncBackend
+    from daskrl.runtime.driver import place
+
+    algo = _small()
+    dist = get_distribution("actors-learner:fuse=false")
+    placement = place(SyncBackend(), algo, dist)
+    learner = algo.make_learner(0, "cpu")
+    out = LearnerOutput(0, learner.state_dict(), learner.weights())
+    for k, (checkpoint, deterministic) in enumerate(
+            [(False, False), (True, False), (False, False), (False, True)]):
+        inputs = IterationInputs(algo, placement, "light-state", 1, k, 10, out,
+                                 deterministic=deterministic, checkpoint=checkpoint)
+        out = dist.iteration(inputs).compute(scheduler="sync")
+        full = checkpoint or deterministic
+        assert ("replay" in out.state) is full and out.state.get("light") is (None if full
+                                                                             else True)
+        assert out.state["replay_size"] == out.metrics["replay_size"] > 64 * k
+        assert out.state["env_steps"] == out.metrics["learner_env_steps"] > 60 * (k + 1)
+        assert "optimizer" in out.state and "target" in out.state
+
+
+def _address(client: Client, name: str) -> str:
+    return next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                if w["name"] == name)
+
+
+def test_a_killed_learner_worker_is_rebuilt_and_reports_the_replay_lost(client, tmp_path):
+    """Between checkpoints the driver holds the learner's light state: the learner rebuilt
+    from it has the latest networks and an empty replay, reports the transitions lost, and
+    the run goes on (no hang)."""
+    import contextlib
+    import threading
+    import time
+
+    from distributed.comm.core import CommClosedError
+
+    algo = _small(num_actors=2, learning_starts=128, train_frequency=4)
+    settings = _settings(tmp_path, 12 * algo.steps_per_iteration, eval=False, lookahead=1,
+                         checkpoint_every=100)
+    killed: list[str] = []
+
+    def kill_when_started() -> None:
+        while not (tmp_path / "metrics.csv").exists() or len(_rows(tmp_path)) < 4:
+            time.sleep(0.2)
+        name = _rows(tmp_path)[-1]["learner_worker"]
+        killed.append(name)
+        with contextlib.suppress(CommClosedError):  # it exits before it answers
+            client.run(lambda: __import__("os")._exit(1), workers=[_address(client, name)])
+
+    killer = threading.Thread(target=kill_when_started, daemon=True)
+    killer.start()
+    summary = train(client, algo, get_distribution("actors-learner:fuse=false"), settings)
+    killer.join(timeout=1)
+    rows = _rows(tmp_path)
+    assert killed and summary["iterations"] == 12
+    lost = [(i, int(r["replay_lost"])) for i, r in enumerate(rows) if int(r["replay_lost"])]
+    assert len(lost) == 1, lost  # once, by the rebuilt learner's first update
+    i, n = lost[0]
+    assert rows[i]["learner_built"] == "True" and n == int(rows[i - 1]["replay_size"]) >= 256
+    # the rebuilt learner kept its counters and refilled the replay from empty
+    assert 0 < int(rows[i]["replay_size"]) <= algo.steps_per_iteration
+    counts = [int(r["learner_env_steps"]) for r in rows]
+    assert counts == sorted(set(counts)) and len(counts) == 12
+    assert float(rows[-1]["gradient_steps"]) > 0
+    client.wait_for_workers(2, timeout=60)  # the nanny restarts it for the next test
+
+
+def test_actors_learner_resume_keeps_the_replay_and_deterministic_runs_match(client, tmp_path):
+    algo = _small()
+    steps = 6 * algo.steps_per_iteration
+    dist = "actors-learner:fuse=false"
+    kw = {"deterministic": True, "eval": False, "checkpoint_every": 3}
+    a = train(client, algo, get_distribution(dist), _settings(tmp_path / "a", steps, **kw))
+    half = train(client, algo, get_distribution(dist),
+                 _settings(tmp_path / "b", 3 * algo.steps_per_iteration, **kw))
+    assert half["iterations"] == 3
+    resumed = train(client, algo, get_distribution(dist),
+                    _settings(tmp_path / "b", steps, resume=True, **kw))
+    assert resumed["weights_sha256"] == a["weights_sha256"]
+    # not deterministic: the outputs between checkpoints are light, the checkpoints are not
+    kw = {"eval": False, "checkpoint_every": 2}
+    train(client, algo, get_distribution(dist),
+          _settings(tmp_path / "c", 3 * algo.steps_per_iteration, **kw))
+    import torch
+
+    for name in ("ckpt-00000002.pt", "ckpt-00000003.pt"):
+        saved = torch.load(tmp_path / "c" / "checkpoints" / name, weights_only=True)["learner"]
+        assert "light" not in saved and len(saved["replay"]["data"]["rewards"]) == (
+            saved["replay_size"])
+    train(client, algo, get_distribution(dist), _settings(tmp_path / "c", steps, resume=True,
+                                                         **kw))
+    rows = _rows(tmp_path / "c")
+    first = next(r for r in rows if int(r["iteration"]) == 4)
+    assert int(first["replay_lost"]) == 0
+    assert int(first["replay_size"]) > 3 * algo.steps_per_iteration  # 3 restored + 1 new

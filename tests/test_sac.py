@@ -147,3 +147,28 @@ def test_gradient_step_matches_cleanrl_maths():
         for a, b in zip(mine.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(learner.log_alpha.detach(), log_alpha.detach())
+
+
+def test_light_state_leaves_out_the_replay_and_a_learner_rebuilt_from_it_reports_the_loss(
+        capsys):
+    from daskrl.algos.sac import SACActor, SACHyper, SACLearner
+
+    hyper = SACHyper(learning_starts=8, batch_size=4)
+    learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(8,), hyper=hyper)
+    actor = SACActor("Pendulum-v1", 2, 0, (8,))
+    learner.update([actor.rollout(8)], 0.0)
+    full, light = learner.state_dict(), learner.light_state_dict()
+    assert "replay" in full and "replay" not in light and light["light"]
+    assert {k: v for k, v in full.items() if k != "replay"}.keys() == light.keys() - {"light"}
+    rebuilt = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=1, hidden=(8,), hyper=hyper)
+    rebuilt.load_state_dict(light)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "between checkpoints" in err[0] and "16 transitions lost" in err[0]
+    for a, b in zip(rebuilt.qf.parameters(), learner.qf.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    batch = actor.rollout(8)
+    assert rebuilt.update([batch], 0.0)["replay_lost"] == 16 == len(learner.replay)
+    assert rebuilt.update([actor.rollout(8)], 0.0)["replay_lost"] == 0  # reported once
+    # a learner that still holds its replay (it went back a few updates) keeps it
+    learner.load_state_dict(light)
+    assert len(learner.replay) == 16 and capsys.readouterr().err == ""

@@ -14,7 +14,6 @@ gives all of an iteration's minibatches in one sample (:mod:`daskrl.algos.offpol
 from __future__ import annotations
 
 import copy
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.offpolicy import TensorMeans, adam, as_tensors, minibatches, polyak_
+from daskrl.algos.offpolicy import (
+    TensorMeans,
+    adam,
+    as_tensors,
+    minibatches,
+    optimizer_state,
+    polyak_,
+    restore_replay,
+)
 from daskrl.algos.qnet import QNetwork, q_and_target
 from daskrl.algos.replay import importance_weights, make_replay
 
@@ -93,6 +100,9 @@ class DQNLearner:
                                   hyper.prioritized_replay_alpha, seed)
         self.env_steps = 0
         self.gradient_steps = 0
+        self.replay_lost = 0
+        """Transitions lost when this learner was restored from a state without its replay;
+        reported (then reset) by the next update."""
 
     def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
         """Add the batches to the replay, then train on samples of it (see module notes)."""
@@ -118,7 +128,9 @@ class DQNLearner:
             else:
                 self._train_uniform(syncs, means)
         metrics.update(self.replay_metrics())
-        metrics.update({"gradient_steps": steps, "learner_env_steps": self.env_steps})
+        metrics.update({"gradient_steps": steps, "learner_env_steps": self.env_steps,
+                        "replay_lost": self.replay_lost})
+        self.replay_lost = 0
         metrics.update({f"losses/{k}": v for k, v in means.means().items()})
         return metrics
 
@@ -254,24 +266,29 @@ class DQNLearner:
 
     def state_dict(self) -> dict[str, Any]:
         """Networks, optimiser, counters and, unless ``save_replay`` is off, the replay."""
-        state: dict[str, Any] = {
-            "model": self.weights(),
-            "target": {k: v.detach().cpu().clone() for k, v in self.target.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(), "env_steps": self.env_steps,
-            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay)}
+        state = self._state()
         if self.hyper.save_replay:
             state["replay"] = self.replay.state_dict()
         return state
 
+    def light_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` without the replay's contents (capability ``light-state``):
+        what outputs between checkpoints carry, instead of a copy of the whole buffer."""
+        return {**self._state(), "light": True}
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.weights(),
+            "target": {k: v.detach().cpu().clone() for k, v in self.target.state_dict().items()},
+            "optimizer": optimizer_state(self.optimizer), "env_steps": self.env_steps,
+            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay)}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; a state saved without its replay leaves the
-        buffer empty, and says so."""
+        """Restore from :meth:`state_dict` or :meth:`light_state_dict`; a state without the
+        replay's contents leaves the buffer empty, says so, and the next update reports the
+        transitions lost (``replay_lost``)."""
         self.net.load_state_dict(state["model"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.env_steps, self.gradient_steps = int(state["env_steps"]), int(state["gradient_steps"])
-        if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
-        elif int(state.get("replay_size", 0)):
-            print(f"daskrl: the replay buffer was not saved (--no-save-replay): it restarts "
-                  f"empty, {state['replay_size']} transitions lost", file=sys.stderr)
+        self.replay_lost = restore_replay(self.replay, state)

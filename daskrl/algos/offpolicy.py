@@ -11,6 +11,8 @@ once per iteration (:class:`TensorMeans`), never with a host sync per step.
 
 from __future__ import annotations
 
+import copy
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -48,6 +50,59 @@ def polyak_(target: Iterable[Tensor], source: Iterable[Tensor], tau: float) -> N
             torch._foreach_copy_(targets, sources)
         else:
             torch._foreach_lerp_(targets, sources, tau)
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A copy of ``optimizer.state_dict()``.
+
+    Why a copy: torch's holds the live moment tensors, which the next step changes in place,
+    while the learner output that carries them may still wait on its worker to be sent (to
+    the driver, into a checkpoint).
+
+    Examples
+    --------
+    >>> opt = adam(torch.nn.Linear(2, 1).parameters(), 1e-3)
+    >>> opt.state_dict()["param_groups"] == optimizer_state(opt)["param_groups"]
+    True
+    """
+    return copy.deepcopy(optimizer.state_dict())
+
+
+def restore_replay(replay: Any, state: Mapping[str, Any]) -> int:
+    """Load the replay of a learner ``state`` into ``replay``; return the transitions lost.
+
+    A state without the replay's contents leaves ``replay`` as it is: a learner that still
+    holds its buffer (it went back a few updates after another worker was lost) keeps it;
+    an empty one (a new learner) restarts empty and says why in one line: the state was
+    saved with ``--no-save-replay``, or it is a light state
+    (:meth:`~daskrl.core.algorithm.LightStateLearner.light_state_dict`) that a learner was
+    rebuilt from between checkpoints (its worker lost).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from daskrl.algos.replay import ReplayBuffer
+    >>> held = ReplayBuffer(4); held.add({"x": np.zeros(3)})
+    >>> restore_replay(held, {"replay_size": 3, "light": True}), len(held)
+    (0, 3)
+    >>> restore_replay(ReplayBuffer(4), {"replay_size": 3, "light": True})
+    3
+    """
+    if "replay" in state:
+        replay.load_state_dict(state["replay"])
+        return 0
+    if len(replay):
+        return 0
+    lost = int(state.get("replay_size", 0))
+    if lost and state.get("light"):
+        print(f"daskrl: this learner state was taken between checkpoints and holds no "
+              f"replay (a lost learner worker, or a run stopped between checkpoints): the "
+              f"buffer restarts empty, {lost} transitions lost (replay_lost in the metrics; "
+              "the --checkpoint-every checkpoints hold the replay)", file=sys.stderr)
+    elif lost:
+        print(f"daskrl: the replay buffer was not saved (--no-save-replay): it restarts "
+              f"empty, {lost} transitions lost", file=sys.stderr)
+    return lost
 
 
 def minibatches(replay: Any, steps: int, batch_size: int, fields: Sequence[str],

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.layers import run_mlp
-from daskrl.algos.offpolicy import TensorMeans, adam, as_tensors, minibatches, polyak_
+from daskrl.algos.offpolicy import (
+    TensorMeans,
+    adam,
+    as_tensors,
+    minibatches,
+    optimizer_state,
+    polyak_,
+    restore_replay,
+)
 from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay import make_replay
 from daskrl.algos.transitions import TransitionCollector
@@ -260,6 +267,9 @@ class SACLearner:
         self.replay = make_replay(hyper.buffer_size, False, seed=seed)
         self.env_steps = 0
         self.gradient_steps = 0
+        self.replay_lost = 0
+        """Transitions lost when this learner was restored from a state without its replay;
+        reported (then reset) by the next update."""
 
     def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
         """Add the batches to the replay, then one gradient step per ``train_frequency`` new
@@ -284,7 +294,8 @@ class SACLearner:
         metrics.update(gradient_steps=steps, learner_env_steps=self.env_steps,
                        random_actions=random_actions,
                        replay_size=len(self.replay), replay_bytes=self.replay.nbytes,
-                       replay_capacity=self.replay.capacity)
+                       replay_capacity=self.replay.capacity, replay_lost=self.replay_lost)
+        self.replay_lost = 0
         return metrics
 
     def gradient_step(self, sample: Mapping[str, Any]) -> dict[str, float]:
@@ -340,24 +351,33 @@ class SACLearner:
     def state_dict(self) -> dict[str, Any]:
         """Networks, optimisers, temperature, counters, RNG and (unless ``save_replay`` is
         off) the replay."""
-        def cpu(module: nn.Module) -> dict[str, Tensor]:
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-        state: dict[str, Any] = {
-            "model": self.weights(), "qf": cpu(self.qf), "qf_target": cpu(self.qf_target),
-            "log_alpha": self.log_alpha.detach().cpu().clone(),
-            "q_optimizer": self.q_optimizer.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "a_optimizer": self.a_optimizer.state_dict(), "env_steps": self.env_steps,
-            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay),
-            "torch_rng": torch.get_rng_state()}
+        state = self._state()
         if self.hyper.save_replay:
             state["replay"] = self.replay.state_dict()
         return state
 
+    def light_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` without the replay's contents (capability ``light-state``):
+        what outputs between checkpoints carry, instead of a copy of the whole buffer."""
+        return {**self._state(), "light": True}
+
+    def _state(self) -> dict[str, Any]:
+        def cpu(module: nn.Module) -> dict[str, Tensor]:
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+        return {
+            "model": self.weights(), "qf": cpu(self.qf), "qf_target": cpu(self.qf_target),
+            "log_alpha": self.log_alpha.detach().cpu().clone(),
+            "q_optimizer": optimizer_state(self.q_optimizer),
+            "actor_optimizer": optimizer_state(self.actor_optimizer),
+            "a_optimizer": optimizer_state(self.a_optimizer), "env_steps": self.env_steps,
+            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay),
+            "torch_rng": torch.get_rng_state()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; without a saved replay the buffer restarts empty,
-        and says so."""
+        """Restore from :meth:`state_dict` or :meth:`light_state_dict`; without the replay's
+        contents the buffer restarts empty, says so, and the next update reports the
+        transitions lost (``replay_lost``)."""
         self.actor.load_state_dict(state["model"])
         self.qf.load_state_dict(state["qf"])
         self.qf_target.load_state_dict(state["qf_target"])
@@ -367,11 +387,7 @@ class SACLearner:
         self.a_optimizer.load_state_dict(state["a_optimizer"])
         self.env_steps, self.gradient_steps = int(state["env_steps"]), int(state["gradient_steps"])
         torch.set_rng_state(state["torch_rng"])
-        if "replay" in state:
-            self.replay.load_state_dict(state["replay"])
-        elif int(state.get("replay_size", 0)):
-            print(f"daskrl: the replay buffer was not saved (--no-save-replay): it restarts "
-                  f"empty, {state['replay_size']} transitions lost", file=sys.stderr)
+        self.replay_lost = restore_replay(self.replay, state)
 
 
 def sac_policy(env_id: str, hidden: tuple[int, ...], weights: dict[str, Tensor],

@@ -52,6 +52,21 @@ class Learner(Protocol):
         """Restore from :meth:`state_dict`."""
 
 
+class LightStateLearner(Learner, Protocol):
+    """A learner whose full state holds a bulk that is costly to copy at every update (a
+    replay's contents), with a light state beside it (capability ``light-state``).
+
+    Outputs that no checkpoint and no deterministic rerun needs carry the light state; the
+    full one (:meth:`Learner.state_dict`) goes only into those that do
+    (``TaskContext.output_state``).
+    """
+
+    def light_state_dict(self) -> dict[str, Any]:
+        """Its state without the bulk: everything else :meth:`Learner.state_dict` holds.
+        ``load_state_dict`` takes it, restarts the bulk empty and reports what was lost in
+        its next update's metrics (``replay_lost``)."""
+
+
 @dataclass(frozen=True)
 class LearnerOutput:
     """What a learner task returns: the next iteration's input and this one's metrics."""
@@ -224,6 +239,8 @@ CAPABILITIES: Mapping[str, str] = {
     "vtrace": "its actor records sequences with the acting policy's log-probabilities and "
               "version, and its learner corrects for their lag with V-trace (a value head), "
               "as impala's free-running actors need",
+    "light-state": "its learner is a LightStateLearner: outputs between checkpoints carry "
+                   "light_state_dict(), without the bulk that is costly to copy (a replay)",
     "replay": "make_replay builds replay shards, its learner is a ReplayLearner and its actor "
               "an ExploringActor (daskrl.core.replay), as apex places them",
 }

@@ -11,16 +11,25 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 import torch
 
-from daskrl.core.algorithm import Actor, Algorithm, Batch, LearnerOutput, ResizableActor
+from daskrl.core.algorithm import (
+    Actor,
+    Algorithm,
+    Batch,
+    Learner,
+    LearnerOutput,
+    LightStateLearner,
+    ResizableActor,
+)
 from daskrl.core.failures import expect
 from daskrl.core.worker_state import drop_key, in_turn, resident, worker_name
 
 T = TypeVar("T")
+OutputState = Literal["full", "light", "none"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,11 @@ class TaskContext:
     """``(iteration, progress)`` the schedules go on from: (0, 0.0) for a run as launched; a
     run resumed with another length continues from where its schedule stood (see
     :meth:`progress`)."""
+    output_state: OutputState = "full"
+    """What a learner task's output carries as its ``state`` (:func:`learner_state`):
+    ``"full"`` (a checkpoint, a deterministic rerun or a rebuilt worker may need all of
+    it), ``"light"`` (the light state of a ``light-state`` learner, else the full one) or
+    ``"none"`` (an output that never leaves its task: an iteration before a task's last)."""
 
     def progress(self, iteration: float | None = None) -> float:
         """Where ``iteration`` (default: this task's) stands in the run's schedules (the
@@ -236,8 +250,32 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     metrics.update(merge_stats([b["stats"] for b in batches]))
     metrics.update(learner_worker=worker_name(), learner_built=built,
                    learn_t_start=t0, learn_t_end=time.time())
-    return LearnerOutput(learner_in.version + 1, learner.state_dict(), learner.weights(), metrics,
-                         snapshots([b["stats"] for b in batches]))
+    return LearnerOutput(learner_in.version + 1, learner_state(ctx, algo, learner),
+                         learner.weights(), metrics, snapshots([b["stats"] for b in batches]))
+
+
+def learner_state(ctx: TaskContext, algo: Algorithm, learner: Learner) -> dict[str, Any]:
+    """The ``state`` a learner output carries, as ``ctx.output_state`` asks.
+
+    A learner whose full state is costly to copy (a replay's contents) declares
+    ``light-state``; its outputs that no checkpoint needs then carry the light state, and a
+    learner rebuilt from one (its worker lost) restarts that bulk empty and reports it.
+
+    Examples
+    --------
+    >>> class Bulky:
+    ...     def state_dict(self): return {"model": 1, "replay": [0, 1, 2]}
+    ...     def light_state_dict(self): return {"model": 1}
+    >>> algo = Algorithm("a", print, print, print, num_steps=1, capabilities={"light-state"})
+    >>> [learner_state(TaskContext("r", 1, 0, 0, 1, output_state=s), algo, Bulky())
+    ...  for s in ("full", "light", "none")]
+    [{'model': 1, 'replay': [0, 1, 2]}, {'model': 1}, {}]
+    """
+    if ctx.output_state == "none":
+        return {}
+    if ctx.output_state == "light" and "light-state" in algo.capabilities:
+        return cast(LightStateLearner, learner).light_state_dict()
+    return learner.state_dict()
 
 
 def check_batches(batches: tuple[Batch, ...] | list[Batch]) -> None:

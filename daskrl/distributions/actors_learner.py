@@ -20,6 +20,15 @@ in iteration order (:func:`daskrl.core.worker_state.in_turn`), so a seed gives t
 numbers. Short
 iterations run several to a group of tasks that pass batches and weights to each other
 directly (:mod:`daskrl.distributions.stale_pipe`), with the same numbers.
+
+What a learner output carries as its state (:func:`output_state`): the full state only when
+the run may need it (the graph's output is checkpointed, or the run is deterministic);
+between checkpoints a ``light-state`` learner's light state (an off-policy learner's without
+its replay, which would otherwise be copied and sent to the driver at every update). A
+learner rebuilt from a light state after its worker was lost restarts its replay empty and
+reports ``replay_lost``; so does a resume from the checkpoint a run stopped between
+checkpoints (Ctrl-C) writes on its way out (the checkpoint before it holds the replay).
+Iterations before a task's last pass no state at all (their output never leaves the task).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.fragment import Fragment
 from daskrl.core.placement import Placement, task, task_key
 from daskrl.core.resources import Resources
-from daskrl.core.roles import TaskContext
+from daskrl.core.roles import OutputState, TaskContext
 from daskrl.distributions.base import (
     Distribution,
     IterationInputs,
@@ -49,6 +58,28 @@ from daskrl.distributions.stale_pipe import join, learn, learn_carried, learn_gr
 CARRIED = "carried"
 """What :meth:`ActorsLearner.acting_weights` returns when the iteration's batches were
 collected by the group of tasks before (``stale=1``)."""
+
+
+def output_state(inputs: IterationInputs) -> OutputState:
+    """What the learner output of the graph of ``inputs`` carries as its state: ``"full"``
+    when it is checkpointed (a periodic checkpoint, the run's last graph) or the run is
+    deterministic (a rerun after a lost worker must continue bit-exactly), else
+    ``"light"``.
+
+    Examples
+    --------
+    >>> from daskrl.core.placement import Placement
+    >>> inputs = IterationInputs(Algorithm("a", print, print, print, num_steps=1),
+    ...                          Placement({}, {}), "r", 1, 3, 10, None)
+    >>> output_state(inputs), output_state(dataclasses.replace(inputs, checkpoint=True))
+    ('light', 'full')
+    """
+    return "full" if inputs.checkpoint or inputs.deterministic else "light"
+
+
+def learner_context(inputs: IterationInputs) -> TaskContext:
+    """The learner task's context, with the :func:`output_state` its output carries."""
+    return dataclasses.replace(inputs.context("learner", 0), output_state=output_state(inputs))
 
 
 def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int, ...]]:
@@ -212,7 +243,7 @@ class ActorsLearner(Distribution):
         learner_worker = place.worker("learner", 0)
         if self._in_learner_task(inputs):
             replicas = tuple(range(algo.num_actors))
-            return task(rollout_and_learn, inputs.context("learner", 0), algo,
+            return task(rollout_and_learn, learner_context(inputs), algo,
                         inputs.learner_in, inputs.context("rollout", 0),
                         replicas if len(replicas) > 1 else (), inputs.count, role="learner",
                         replica=0, iteration=k, run=inputs.run,
@@ -225,10 +256,10 @@ class ActorsLearner(Distribution):
             return self._piped_group(inputs)
         acting, after = self.acting_weights(inputs)
         if acting is CARRIED:  # the group before collected this iteration's batches
-            return task(learn_carried, inputs.context("learner", 0), algo, inputs.learner_in,
+            return task(learn_carried, learner_context(inputs), algo, inputs.learner_in,
                         role="learner", replica=0, iteration=k, run=inputs.run,
                         resources=place.resources["learner"], worker=learner_worker)
-        return task(learn, inputs.context("learner", 0), algo, inputs.learner_in,
+        return task(learn, learner_context(inputs), algo, inputs.learner_in,
                     *self._rollouts(inputs, acting, after), role="learner", replica=0, iteration=k,
                     run=inputs.run, resources=place.resources["learner"],
                     worker=learner_worker)
@@ -250,7 +281,7 @@ class ActorsLearner(Distribution):
             for rank, g in enumerate(groups, start=1)
         ]
         learner_worker = place.worker("learner", 0)
-        learned = task(learn_group, inputs.context("learner", 0), algo, inputs.learner_in,
+        learned = task(learn_group, learner_context(inputs), algo, inputs.learner_in,
                        len(groups), inputs.count, carried, role="learner", replica=0, iteration=k,
                        run=run, resources=place.resources["learner"], worker=learner_worker)
         return pinned(join, learned, *rollouts, key=task_key("join", 0, k, run),
@@ -262,10 +293,15 @@ def rollout_and_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutp
                       ) -> LearnerOutput:
     """Roles ``rollout`` and ``learner`` in one task on the learner's worker (on-policy):
     :func:`daskrl.core.roles.rollout` (all replicas fused), then :func:`learn`, for ``count``
-    consecutive iterations (see :func:`~daskrl.distributions.base.chained`)."""
+    consecutive iterations (see :func:`~daskrl.distributions.base.chained`). Only the last
+    one's output leaves the task: those before it carry no state."""
+    last = ctx.iteration + count - 1
+
     def one(it_ctx: TaskContext, current: LearnerOutput) -> LearnerOutput:
         r_ctx = dataclasses.replace(rollout_ctx, iteration=it_ctx.iteration)
         batch = roles.rollout(r_ctx, algo, current, algo.num_steps, replicas)
+        if it_ctx.iteration < last:
+            it_ctx = dataclasses.replace(it_ctx, output_state="none")
         return learn(it_ctx, algo, current, batch)
 
     return chained(ctx, learner_in, count, one)
