@@ -254,7 +254,9 @@ def speedup_table(results: list[dict[str, Any]]) -> str:
 def phase_table(results: list[dict[str, Any]]) -> str:
     """Where each data-parallel replica's update went, per replica (medians per iteration):
     wall and thread-CPU seconds of computing and applying gradients, waiting for the slower
-    replica, the all-reduce itself (from the last replica ready to the first average back)."""
+    replica (at round 0: for the slower rollout, the rollout/update boundary), the
+    all-reduce itself (from the last replica ready to the first average back), and the
+    driver's gap between iterations (``overhead_s``)."""
     rows = []
     for r in results:
         ph = r.get("phases")
@@ -265,14 +267,15 @@ def phase_table(results: list[dict[str, Any]]) -> str:
                          ph.get(f"dp/rollout_s/r{k}"), ph.get(f"dp/rollout_cpu_s/r{k}"),
                          ph.get(f"dp/compute_s/r{k}"), ph.get(f"dp/compute_cpu_s/r{k}"),
                          ph.get(f"dp/apply_s/r{k}"), ph.get(f"dp/prepare_s/r{k}"),
-                         ph.get(f"dp/wait_s/r{k}"), ph.get("dp/sync_s"),
-                         ph.get("dp/stats_round_s"), ph.get(f"dp/finish_s/r{k}"),
-                         r.get("update_s"), r.get("load_after")])
+                         ph.get(f"dp/wait_s/r{k}"), ph.get(f"dp/first_wait_s/r{k}"),
+                         ph.get("dp/sync_s"), ph.get("dp/stats_round_s"),
+                         ph.get(f"dp/finish_s/r{k}"), r.get("update_s"), r.get("overhead_s"),
+                         r.get("load_after")])
     return markdown_table(
         ["agents", "mode", "round", "replica", "rollout s", "rollout CPU s", "gradients s",
-         "gradients CPU s", "apply s", "prepare s", "wait s", "all-reduce s",
-         "of which statistics s", "finish s", "update s", "load"], rows,
-        align="rlrrrrrrrrrrrrrr")
+         "gradients CPU s", "apply s", "prepare s", "wait s", "of which at round 0 s",
+         "all-reduce s", "of which statistics s", "finish s", "update s",
+         "between iterations s", "load"], rows, align="rlrrrrrrrrrrrrrrrr")
 
 
 def _pooled(rows: list[dict[str, Any]], mode: str) -> float | None:

@@ -128,5 +128,7 @@ def test_round_split_blames_the_replica_that_was_ready_first():
     split = round_split([fast, slow])
     assert split["dp/wait_s/r0"] == pytest.approx(1.5)
     assert split["dp/wait_s/r1"] == 0.0
+    assert split["dp/first_wait_s/r0"] == pytest.approx(0.5)  # the rollout/update boundary
+    assert split["dp/first_wait_s/r1"] == 0.0
     assert split["dp/sync_s"] == pytest.approx(0.3)
     assert split["dp/stats_round_s"] == pytest.approx(0.1)

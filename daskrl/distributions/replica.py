@@ -143,8 +143,10 @@ def round_split(phases: list[dict[str, Any]]) -> dict[str, float]:
     not yet: waiting for the slower replica), ``dp/sync_s`` (from the last replica ready to
     the first average back: the all-reduce itself, scheduler round trip included), and
     ``dp/stats_round_s`` (the same for round 0 when it carried batch statistics, in
-    ``dp/sync_s`` too), summed over the rounds of one update; plus each replica's phase
-    totals (``dp/<phase>_s/r<r>``, ``dp/<phase>_cpu_s/r<r>``).
+    ``dp/sync_s`` too), summed over the rounds of one update; ``dp/first_wait_s/r<r>``,
+    replica ``r``'s wait at round 0 (in ``dp/wait_s/r<r>`` too): at the rollout/update
+    boundary, for the slower rollout; plus each replica's phase totals
+    (``dp/<phase>_s/r<r>``, ``dp/<phase>_cpu_s/r<r>``).
 
     Examples
     --------
@@ -155,6 +157,8 @@ def round_split(phases: list[dict[str, Any]]) -> dict[str, float]:
     >>> s = round_split([a, b])
     >>> round(s["dp/wait_s/r0"], 3), round(s["dp/sync_s"], 3), s["dp/compute_cpu_s/r1"]
     (0.3, 0.6, 1.1)
+    >>> round(s["dp/first_wait_s/r0"], 3), s["dp/first_wait_s/r1"]
+    (0.2, 0.0)
     """
     out: dict[str, float] = {}
     rounds = min(len(p["back"]) for p in phases)
@@ -166,6 +170,8 @@ def round_split(phases: list[dict[str, Any]]) -> dict[str, float]:
         out["dp/stats_round_s"] = sync[0]
     for r, p in enumerate(phases):
         out[f"dp/wait_s/r{r}"] = sum(last_ready[i] - p["ready"][i] for i in range(rounds))
+        if rounds:
+            out[f"dp/first_wait_s/r{r}"] = last_ready[0] - p["ready"][0]
         for name, value in p["wall"].items():
             out[f"dp/{name}_s/r{r}"] = value
             out[f"dp/{name}_cpu_s/r{r}"] = p["cpu"][name]
