@@ -131,7 +131,9 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
     system monitor 10 s): on two cores shared by two replicas in lock-step, every wake-up of
     a periodic callback takes a core from one replica and stalls both at the next round.
     ``tree_cpu_s`` is the CPU seconds of this process and all its children (scheduler,
-    client, nannies, workers) over the run, ``train_wall_s`` its wall time.
+    client, nannies, workers) over the run, ``train_wall_s`` its wall time, and
+    ``foreign_share`` the share of the machine's CPUs that other processes used meanwhile
+    (0 on an idle machine: a 2-worker row needs both cores, so any other job costs it).
     """
     import csv
 
@@ -170,9 +172,10 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
                                    eval=False, progress=False, tensorboard=False,
                                    checkpoint_every=10**6)
             tree = [psutil.Process(), *psutil.Process().children(recursive=True)]
-            cpu0, wall0 = _tree_cpu(tree), time.perf_counter()
+            cpu0, busy0, wall0 = _tree_cpu(tree), _busy_cpu(), time.perf_counter()
             train(client, algo, dist, settings)
             tree_cpu, train_wall = _tree_cpu(tree) - cpu0, time.perf_counter() - wall0
+            foreign = _busy_cpu() - busy0 - tree_cpu
             with open(Path(tmp) / "metrics.csv", newline="") as fh:
                 rows = list(csv.DictReader(fh))[1:]
     finally:
@@ -183,7 +186,8 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
     out = _medians(timed, agents, max_cycles)
     mode = name if workers == 1 or allreduce == "dask" else f"{name}:{allreduce}"
     out.update(mode=mode + ("+quiet" if upkeep == "quiet" else ""), upkeep=upkeep,
-               tree_cpu_s=tree_cpu, train_wall_s=train_wall,
+               tree_cpu_s=tree_cpu, train_wall_s=train_wall, foreign_cpu_s=foreign,
+               foreign_share=foreign / (train_wall * (psutil.cpu_count() or 1)),
                workers=workers, envs=envs * workers, num_minibatches=mb, device="cpu",
                update_epochs=update_epochs, worker_malloc=worker_malloc,
                overhead_s=statistics.median(float(r["overhead_s"]) for r in rows),
@@ -201,6 +205,14 @@ def time_dask(agents: int, workers: int, max_cycles: int = 25, iterations: int =
             float(r["update_s"]) - c for r, c in zip(rows, cpu, strict=True))
         out["sync_rounds"] = update_epochs * mb + 1 if workers > 1 else 0
     return out
+
+
+def _busy_cpu() -> float:
+    """CPU seconds the whole machine was busy (all CPUs, since boot)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 def _tree_cpu(procs: list[Any]) -> float:
@@ -245,10 +257,12 @@ def speedup_table(results: list[dict[str, Any]]) -> str:
                          ratio(_cpu(mine, one, "rollout_cpu_s"),
                                _cpu(mine, mode, "rollout_cpu_s")),
                          ratio(_cpu(mine, one, "update_cpu_s"),
-                               _cpu(mine, mode, "update_cpu_s"))])
+                               _cpu(mine, mode, "update_cpu_s")),
+                         _cpu(mine, one, "foreign_share"), _cpu(mine, mode, "foreign_share")])
     return markdown_table(["agents", "mode", "single s", "data-parallel s", "single / dp",
                            "per round", "rollout CPU single / replica 0",
-                           "update CPU single / replica 0"], rows, align="rlrrrlrr")
+                           "update CPU single / replica 0", "others' CPU share (single)",
+                           "others' CPU share (dp)"], rows, align="rlrrrlrrrr")
 
 
 def phase_table(results: list[dict[str, Any]]) -> str:
@@ -270,12 +284,13 @@ def phase_table(results: list[dict[str, Any]]) -> str:
                          ph.get(f"dp/wait_s/r{k}"), ph.get(f"dp/first_wait_s/r{k}"),
                          ph.get("dp/sync_s"), ph.get("dp/stats_round_s"),
                          ph.get(f"dp/finish_s/r{k}"), r.get("update_s"), r.get("overhead_s"),
-                         r.get("load_after")])
+                         r.get("foreign_share"), r.get("load_after")])
     return markdown_table(
         ["agents", "mode", "round", "replica", "rollout s", "rollout CPU s", "gradients s",
          "gradients CPU s", "apply s", "prepare s", "wait s", "of which at round 0 s",
          "all-reduce s", "of which statistics s", "finish s", "update s",
-         "between iterations s", "load"], rows, align="rlrrrrrrrrrrrrrrrr")
+         "between iterations s", "other processes' CPU share", "load"], rows,
+        align="rlrrrrrrrrrrrrrrrrr")
 
 
 def _pooled(rows: list[dict[str, Any]], mode: str) -> float | None:
@@ -284,7 +299,7 @@ def _pooled(rows: list[dict[str, Any]], mode: str) -> float | None:
 
 
 def _cpu(rows: list[dict[str, Any]], mode: str, key: str) -> float | None:
-    values = [r[key] for r in rows if r["mode"] == mode and r.get(key)]
+    values = [r[key] for r in rows if r["mode"] == mode and r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
