@@ -145,6 +145,8 @@ def boil(rows: list[dict[str, str]], threshold: float = 475.0) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=1,
+                   help="seeds first-seed .. first-seed + repeats - 1")
     p.add_argument("--phases", default="speed,learn")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--actors", default="1,2,4")
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine_info(), "settings": vars(args) | {
         "json": str(args.json), "md": str(args.md)}, "runs": []}
     tmp = Path(tempfile.mkdtemp(prefix="impala-bench-"))
-    for seed in range(1, args.repeats + 1):
+    for seed in range(args.first_seed, args.first_seed + args.repeats):
         cells: list[tuple[str, str, int, int, float, int]] = []
         if "mujoco" in phases:  # first: the longest runs, while the seed's load is fresh
             cells.append(("mujoco", args.mujoco_env, args.learn_actors, args.mujoco_steps,
@@ -222,8 +224,9 @@ def report(results: dict[str, Any]) -> str:
     s = results["settings"]
     loads = [r["load_before"]["load_1m"] for r in runs] + [r["load_after"]["load_1m"]
                                                           for r in runs]
-    done = max(r["seed"] for r in runs)
-    lines = [f"Medians of {done} repeat(s) (seeds 1..{done}), {s['workers']} workers of "
+    seeds = sorted({r["seed"] for r in runs})
+    lines = [f"Medians of {len(seeds)} repeat(s) (seeds {seeds[0]}..{seeds[-1]}), "
+             f"{s['workers']} workers of "
              f"the embedded cluster, machine shared with other work: 1-minute load average "
              f"{min(loads):.1f}-{max(loads):.1f} during the runs (2 cores). Ratios between "
              "columns of one row are the comparable numbers."
