@@ -3,9 +3,14 @@ Stable-Baselines3's, same settings, in one process, interleaved.
 
 Per gradient step: one iteration's update (DQN: 128 steps of batch 64 after 256 env steps;
 SAC: 100 steps of batch 256 after 100 env steps) of each system, alternating, replays
-holding 20k transitions; DQN also a bare step (forward, Huber loss, backward, fused Adam
-and the target's forward: the arithmetic no implementation can skip). Per env step: a
-rollout of each system's actor (DQN: 4 envs, SAC: 1 env). One torch thread, as a worker.
+holding 20k transitions; also a bare step: the arithmetic no implementation can skip, with
+plain torch modules and fused Adam, nothing else (DQN: forward, Huber loss, backward and the
+target's forward; SAC, CleanRL's maths: the target actor and twin target critics, the twin
+critics' loss, the actor's loss with its own sample, the temperature's loss with another,
+three backward passes and Adam steps, Polyak; once with two critic modules, once with the
+critics stacked, :class:`daskrl.algos.ensemble.StackedMLP`). Per env step: a rollout of
+each system's actor (DQN: 4 envs, SAC: 1 env). One torch thread, as a worker; times are the
+process's CPU seconds (on a shared machine wall time also counts other processes' turns).
 Then cProfile of one iteration of each, split into time inside torch's C++ calls (kernels and
 autograd), numpy, and the Python around them (cProfile inflates the Python share).
 
@@ -33,9 +38,19 @@ sys.path.insert(0, str(ROOT))  # daskrl from this checkout
 
 def _per(fn: Callable[[], int]) -> float:
     """Seconds per unit of ``fn`` (which returns how many units it did)."""
-    t = time.perf_counter()
+    t = time.process_time()
     n = fn()
-    return (time.perf_counter() - t) / max(1, n)
+    return (time.process_time() - t) / max(1, n)
+
+
+def _ops(fn: Callable[[], int]) -> float:
+    """``aten`` ops (torch's kernels and views) per unit of ``fn``, counted by torch's profiler:
+    a measure of the fixed per-call cost that does not move with the machine's load."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        n = fn()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / max(1, n)
 
 
 def _split(fn: Callable[[], Any]) -> dict[str, float]:
@@ -154,7 +169,84 @@ def sac_systems(fill: int) -> dict[str, dict[str, Callable[[], int]]]:
 
     return {"daskrl": {"update": lambda: learner.update([batch], 0.5)["gradient_steps"],
                        "act": act},
-            "sb3": {"update": sb3_update, "act": sb3_act}}
+            "sb3": {"update": sb3_update, "act": sb3_act},
+            "bare step, two critic modules": {"update": sac_bare(stacked=False)},
+            "bare step, critics stacked": {"update": sac_bare(stacked=True)}}
+
+
+def sac_bare(stacked: bool, steps: int = 100, batch: int = 256) -> Callable[[], int]:
+    """``steps`` bare SAC gradient steps (see the module notes) on random minibatches."""
+    import math
+
+    from daskrl.algos.ensemble import StackedMLP
+
+    def mlp(n_in: int, n_out: int) -> torch.nn.Sequential:
+        return torch.nn.Sequential(torch.nn.Linear(n_in, 256), torch.nn.ReLU(),
+                                   torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                   torch.nn.Linear(256, n_out))
+
+    torch.manual_seed(0)
+    actor = mlp(3, 2)
+    members = [mlp(4, 1), mlp(4, 1)]
+    if stacked:
+        critic = StackedMLP(members)
+        target = StackedMLP(members)
+
+        def twin(net: Any, x: torch.Tensor) -> torch.Tensor:
+            return net(x).squeeze(-1)
+    else:
+        critic = torch.nn.ModuleList(members)
+        target = torch.nn.ModuleList([mlp(4, 1), mlp(4, 1)])
+        target.load_state_dict(critic.state_dict())
+
+        def twin(net: Any, x: torch.Tensor) -> torch.Tensor:
+            return torch.stack([net[0](x).squeeze(-1), net[1](x).squeeze(-1)])
+
+    q_params, t_params = list(critic.parameters()), list(target.parameters())
+    a_params = list(actor.parameters())
+    log_alpha = torch.zeros(1, requires_grad=True)
+    q_opt = torch.optim.Adam(q_params, 1e-3, fused=True)
+    a_opt = torch.optim.Adam(a_params, 1e-3, fused=True)
+    alpha_opt = torch.optim.Adam([log_alpha], 1e-3, fused=True)
+    obs, nxt = torch.randn(steps, batch, 3), torch.randn(steps, batch, 3)
+    act, rew = torch.rand(steps, batch, 1) * 4 - 2, torch.randn(steps, batch)
+
+    def sample(o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = actor(o).chunk(2, -1)
+        log_std = -5 + 3.5 * (torch.tanh(log_std) + 1)
+        std = log_std.exp()
+        x = mean + std * torch.randn_like(mean)
+        y = torch.tanh(x)
+        logp = (-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return 2 * y, logp - torch.log(2 * (1 - y.pow(2)) + 1e-6).sum(-1)
+
+    def run() -> int:
+        for i in range(steps):
+            alpha = log_alpha.exp().detach()
+            with torch.no_grad():
+                next_act, next_logp = sample(nxt[i])
+                smaller = twin(target, torch.cat([nxt[i], next_act], -1)).amin(0)
+                y = rew[i] + 0.99 * (smaller - alpha * next_logp)
+            q = twin(critic, torch.cat([obs[i], act[i]], -1))
+            loss = F.mse_loss(q[0], y) + F.mse_loss(q[1], y)
+            q_opt.zero_grad()
+            loss.backward()
+            q_opt.step()
+            pi, logp = sample(obs[i])
+            actor_loss = (alpha * logp - twin(critic, torch.cat([obs[i], pi], -1)).amin(0))
+            a_opt.zero_grad()
+            torch.autograd.backward(actor_loss.mean(), inputs=a_params)
+            a_opt.step()
+            with torch.no_grad():
+                _, logp = sample(obs[i])
+            alpha_opt.zero_grad()
+            (-log_alpha.exp() * (logp - 1.0)).mean().backward()
+            alpha_opt.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(t_params, q_params, 0.005)
+        return steps
+
+    return run
 
 
 def main() -> None:
@@ -178,18 +270,19 @@ def main() -> None:
             for kind, fn in parts.items():
                 times[name][kind].append(_per(fn))
     shares = {name: _split(parts["update"]) for name, parts in systems.items()
-              if name != "bare step"}
+              if not name.startswith("bare step")}
+    ops = {name: _ops(parts["update"]) for name, parts in systems.items()}
     med = {name: {k: median(v) for k, v in kinds.items()} for name, kinds in times.items()}
     load_after = load_average()
     rows = []
     for name, m in med.items():
         share = shares.get(name)
         rows.append([name, f"{m['update'] * 1e3:.3f}", f"{m['update'] / med['sb3']['update']:.2f}",
-                     f"{m['act'] * 1e3:.3f}" if "act" in m else "-",
+                     f"{m['act'] * 1e3:.3f}" if "act" in m else "-", f"{ops[name]:.0f}",
                      f"{share['torch C++']:.0%} / {share['numpy']:.0%} / {share['python']:.0%}"
                      if share else "-"])
-    table = markdown_table(["system", "ms per gradient step (median)", "x SB3's time",
-                            "ms per env step acting (median)",
+    table = markdown_table(["system", "CPU ms per gradient step (median)", "x SB3's time",
+                            "CPU ms per env step acting (median)", "aten ops per gradient step",
                             "update under cProfile: torch C++ / numpy / Python"], rows)
     print(table)
     loads = f"{load_before['load_1m']:.1f} -> {load_after['load_1m']:.1f}"
@@ -198,6 +291,7 @@ def main() -> None:
                f"--fill {args.fill}" + (" --double-q" if args.double_q else ""))
     write_json(ROOT / f"benchmarks/results/{args.algo}_profile.json", {
         "times_s": times, "medians_s": med, "cprofile_shares": shares, "table": table,
+        "aten_ops_per_step": ops,
         "command": command,
         "load": {"before": load_before, "after": load_after}, "machine": machine_info(),
         "settings": vars(args)})

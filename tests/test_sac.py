@@ -74,10 +74,9 @@ def test_twin_q_targets_use_the_smaller_critic():
     learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(8,),
                          hyper=SACHyper(autotune=False, alpha=1e-8, tau=1.0))
     with torch.no_grad():  # critic 2 well below critic 1: the target takes critic 2's value
-        learner.qf_target.q1[-1].bias.fill_(100.0)
-        learner.qf_target.q2[-1].bias.fill_(-100.0)
-        for q in (learner.qf_target.q1, learner.qf_target.q2):
-            q[-1].weight.zero_()
+        learner.qf_target.q.biases[-1][0].fill_(100.0)
+        learner.qf_target.q.biases[-1][1].fill_(-100.0)
+        learner.qf_target.q.weights[-1].zero_()
     sample = {"obs": np.zeros((4, 3), np.float32), "actions": np.zeros((4, 1), np.float32),
               "rewards": np.ones(4, np.float32), "next_obs": np.zeros((4, 3), np.float32),
               "discounts": np.full(4, 0.5, np.float32)}
@@ -93,8 +92,9 @@ def test_twin_q_targets_use_the_smaller_critic():
 
 
 def test_gradient_step_matches_cleanrl_maths():
-    """Two steps of the learner (fused Adam, the actor's loss differentiated for the actor
-    only, Polyak with one call) leave the same networks as CleanRL's plain loop."""
+    """Four steps of the learner (twin critics stacked and evaluated as one, fused Adam, the
+    actor's loss differentiated for the actor only, Polyak with one call) leave the same
+    networks as CleanRL's plain loop over two separate critic modules."""
     import copy
 
     import torch.nn.functional as F
@@ -103,10 +103,19 @@ def test_gradient_step_matches_cleanrl_maths():
 
     hyper = SACHyper(tau=0.1, policy_lr=1e-2, q_lr=1e-2)
     learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(16,), hyper=hyper)
-    actor, qf = copy.deepcopy(learner.actor), copy.deepcopy(learner.qf)
-    qf_target = copy.deepcopy(learner.qf_target)
+    actor = copy.deepcopy(learner.actor)
+    q1n, q2n = learner.qf.q.unstacked()  # plain nn.Sequential critics, the same weights
+    t1n, t2n = learner.qf_target.q.unstacked()
+    assert isinstance(q1n[0], torch.nn.Linear)
+    qf_params = [*q1n.parameters(), *q2n.parameters()]
+    target_params = [*t1n.parameters(), *t2n.parameters()]
+
+    def qf(o, a, n1=q1n, n2=q2n):
+        x = torch.cat([o, a], -1)
+        return n1(x).squeeze(-1), n2(x).squeeze(-1)
+
     log_alpha = learner.log_alpha.detach().clone().requires_grad_(True)
-    q_opt = torch.optim.Adam(qf.parameters(), lr=hyper.q_lr, foreach=False)
+    q_opt = torch.optim.Adam(qf_params, lr=hyper.q_lr, foreach=False)
     actor_opt = torch.optim.Adam(actor.body.parameters(), lr=hyper.policy_lr, foreach=False)
     a_opt = torch.optim.Adam([log_alpha], lr=hyper.q_lr, foreach=False)
     rng = np.random.default_rng(0)
@@ -114,36 +123,43 @@ def test_gradient_step_matches_cleanrl_maths():
                 "actions": rng.uniform(-2, 2, (8, 1)).astype(np.float32),
                 "rewards": rng.normal(size=8).astype(np.float32),
                 "next_obs": rng.normal(size=(8, 3)).astype(np.float32),
-                "discounts": np.full(8, 0.99, np.float32)} for _ in range(2)]
+                "discounts": np.full(8, 0.99, np.float32)} for _ in range(4)]
     for k, sample in enumerate(samples):
         torch.manual_seed(k)
-        learner.gradient_step(sample)
+        reported = learner.gradient_step(sample)
         torch.manual_seed(k)
         obs, act, rew, nxt, disc = (torch.as_tensor(sample[f]) for f in (
             "obs", "actions", "rewards", "next_obs", "discounts"))
         alpha = log_alpha.exp().detach()
         with torch.no_grad():
             next_act, next_logp = actor.sample(nxt)
-            t1, t2 = qf_target(nxt, next_act)
+            t1, t2 = qf(nxt, next_act, t1n, t2n)
             target = rew + disc * (torch.min(t1, t2) - alpha * next_logp)
         q1, q2 = qf(obs, act)
         q_opt.zero_grad()
-        (F.mse_loss(q1, target) + F.mse_loss(q2, target)).backward()
+        qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        qf_loss.backward()
         q_opt.step()
         pi, logp = actor.sample(obs)
         p1, p2 = qf(obs, pi)
         actor_opt.zero_grad()
-        (alpha * logp - torch.min(p1, p2)).mean().backward()
+        actor_loss = (alpha * logp - torch.min(p1, p2)).mean()
+        actor_loss.backward()
         actor_opt.step()
+        # the losses reported are the plain loop's too (Adam alone would hide a scaled loss)
+        assert reported["losses/qf_loss"] == pytest.approx(float(qf_loss), rel=1e-5)
+        assert reported["losses/actor_loss"] == pytest.approx(float(actor_loss), rel=1e-5)
         with torch.no_grad():
             _, logp = actor.sample(obs)
         a_opt.zero_grad()
         (-log_alpha.exp() * (logp + learner.target_entropy)).mean().backward()
         a_opt.step()
         with torch.no_grad():
-            for t, p in zip(qf_target.parameters(), qf.parameters(), strict=True):
+            for t, p in zip(target_params, qf_params, strict=True):
                 t.mul_(1 - hyper.tau).add_(p, alpha=hyper.tau)
-    for mine, ref in ((learner.actor, actor), (learner.qf, qf), (learner.qf_target, qf_target)):
+    pairs = [(learner.actor, actor), *zip(learner.qf.q.unstacked(), (q1n, q2n), strict=True),
+             *zip(learner.qf_target.q.unstacked(), (t1n, t2n), strict=True)]
+    for mine, ref in pairs:
         for a, b in zip(mine.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(learner.log_alpha.detach(), log_alpha.detach())
@@ -172,3 +188,16 @@ def test_light_state_leaves_out_the_replay_and_a_learner_rebuilt_from_it_reports
     # a learner that still holds its replay (it went back a few updates) keeps it
     learner.load_state_dict(light)
     assert len(learner.replay) == 16 and capsys.readouterr().err == ""
+
+
+def test_a_checkpoint_of_two_separate_critics_loads_into_the_stacked_ones():
+    from daskrl.algos.sac import TwinQ
+
+    saved = TwinQ(3, 1, (8,))
+    old = {f"q{j + 1}.{k}": v for j, member in enumerate(saved.q.unstacked())
+           for k, v in member.state_dict().items()}  # the layout before the critics were stacked
+    loaded = TwinQ(3, 1, (8,))
+    loaded.load_state_dict(old)
+    obs, act = torch.randn(5, 3), torch.randn(5, 1)
+    for a, b in zip(loaded(obs, act), saved(obs, act), strict=True):
+        torch.testing.assert_close(a, b)

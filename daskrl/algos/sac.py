@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from daskrl.algos.ensemble import StackedMLP
 from daskrl.algos.layers import run_mlp
 from daskrl.algos.offpolicy import (
     TensorMeans,
@@ -137,7 +138,10 @@ class SquashedPolicy(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Two independent Q-networks over (observation, action).
+    """Two independent Q-networks over (observation, action), evaluated as one
+    (:class:`~daskrl.algos.ensemble.StackedMLP`: one batched product per layer for both).
+
+    Each critic is initialised as its own ``relu_mlp`` (PyTorch's default), then stacked.
 
     Examples
     --------
@@ -148,13 +152,33 @@ class TwinQ(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] = (256, 256)) -> None:
         super().__init__()
-        self.q1 = relu_mlp(obs_dim + act_dim, 1, hidden)
-        self.q2 = relu_mlp(obs_dim + act_dim, 1, hidden)
+        self.q = StackedMLP([relu_mlp(obs_dim + act_dim, 1, hidden) for _ in range(2)])
+
+    def both(self, obs: Tensor, act: Tensor) -> Tensor:
+        """Both Q-values, ``[2, B]``."""
+        x = torch.cat([obs.reshape(obs.shape[0], -1), act.reshape(act.shape[0], -1)], -1)
+        return self.q(x).squeeze(-1)
 
     def forward(self, obs: Tensor, act: Tensor) -> tuple[Tensor, Tensor]:
         """Both Q-values, each ``[B]``."""
-        x = torch.cat([obs.reshape(obs.shape[0], -1), act.reshape(act.shape[0], -1)], -1)
-        return run_mlp(self.q1, x).squeeze(-1), run_mlp(self.q2, x).squeeze(-1)
+        q1, q2 = self.both(obs, act)
+        return q1, q2
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any
+                              ) -> None:
+        # a checkpoint of the two critics as separate MLPs (q1.0.weight, ...): stack them
+        if f"{prefix}q1.0.weight" in state_dict:
+            for name in [k for k in state_dict if k.startswith((f"{prefix}q1.", f"{prefix}q2."))]:
+                member, layer, kind = name[len(prefix):].split(".")
+                value = state_dict.pop(name)
+                i, j = int(layer) // 2, int(member[1]) - 1
+                key = f"{prefix}q.{'weights' if kind == 'weight' else 'biases'}.{i}"
+                parts = state_dict.setdefault(key, [None, None])
+                parts[j] = value.t() if kind == "weight" else value.unsqueeze(0)
+            for key in [k for k in state_dict if k.startswith(f"{prefix}q.")]:
+                if isinstance(state_dict[key], list):
+                    state_dict[key] = torch.stack(state_dict[key]).contiguous()
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
 
 class SACActor:
@@ -312,21 +336,20 @@ class SACLearner:
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():
             next_act, next_logp = self.actor.sample(nxt)
-            t1, t2 = self.qf_target(nxt, next_act)
-            target = b["rewards"] + b["discounts"] * (torch.min(t1, t2) - alpha * next_logp)
-        q1, q2 = self.qf(obs, act)
-        qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+            smaller = self.qf_target.both(nxt, next_act).amin(0)
+            target = b["rewards"] + b["discounts"] * (smaller - alpha * next_logp)
+        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
+        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
         self.q_optimizer.zero_grad()
         qf_loss.backward()
         self.q_optimizer.step()
         means.add("qf_loss", qf_loss)
-        means.add("qf1_values", q1)
+        means.add("qf1_values", q[0])
         self.gradient_steps += 1
         if self.gradient_steps % h.policy_frequency == 0:
             for _ in range(h.policy_frequency):  # delayed, then as many (CleanRL)
                 pi, logp = self.actor.sample(obs)
-                p1, p2 = self.qf(obs, pi)
-                actor_loss = (alpha * logp - torch.min(p1, p2)).mean()
+                actor_loss = (alpha * logp - self.qf.both(obs, pi).amin(0)).mean()
                 self.actor_optimizer.zero_grad()
                 # the actor's gradients only: the critics' would be cleared unused
                 torch.autograd.backward(actor_loss, inputs=self.actor_params)
