@@ -341,7 +341,7 @@ def report(record: dict[str, Any], path: Path) -> None:
               for s in ("daskrl", "sb3")}
         med = {s: {k: median(r[k] for r in rs) for k in ("env_steps_per_s", "eval_return_mean",
                                                          "wall_s")} for s, rs in by.items()}
-        rows.append([env_id, len(by["daskrl"]), med["daskrl"]["env_steps_per_s"],
+        rows.append([env_id, max(len(rs) for rs in by.values()), med["daskrl"]["env_steps_per_s"],
                      med["sb3"]["env_steps_per_s"],
                      ratio(med["daskrl"]["env_steps_per_s"], med["sb3"]["env_steps_per_s"]),
                      med["daskrl"]["eval_return_mean"], med["sb3"]["eval_return_mean"],
