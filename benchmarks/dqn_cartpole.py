@@ -115,7 +115,8 @@ def _code(data: dict[str, Any]) -> str:
     """Which code a result measured: the commit, and whether the tree had changes."""
     machine = data.get("machine", {})
     dirty = " with uncommitted changes" if machine.get("git_dirty") else ""
-    return f"code at {machine.get('git_commit', '?')}{dirty}"
+    note = f" ({data['note']})" if data.get("note") else ""
+    return f"code at {machine.get('git_commit', '?')}{dirty}{note}"
 
 
 def profile_section(path: Path) -> str:
@@ -186,9 +187,8 @@ machine's load from run to run, the per-step rows alternate within one process.
 """
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
-           load_before: dict[str, Any]) -> None:
-    """Print the table and (unless ``--quick``) write the JSON and ``dqn_cartpole.md``."""
+def tables(runs: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any], list[float]]:
+    """The markdown table of one run's systems, their medians, and the 1-minute loads seen."""
     med = {name: {key: median([r[key] for r in rs]) for key in
                   ("env_steps_per_s", "time_to_475_s", "final_eval")}
            for name, rs in runs.items()}
@@ -199,11 +199,21 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
     rows = [[name, fmt(m["env_steps_per_s"]),
              fmt(ratio(m["env_steps_per_s"], med["sb3"]["env_steps_per_s"])),
              ", ".join(f"{r['env_steps_per_s']:.0f}" for r in rs),
+             ", ".join(fmt(r["env_steps_per_s"] / s["env_steps_per_s"])
+                       for r, s in zip(rs, runs["sb3"], strict=False)),
              fmt(m["time_to_475_s"]), f"{solved[name]}/{seeds}", fmt(m["final_eval"])]
             for (name, m), rs in zip(med.items(), runs.values(), strict=True)]
     table = markdown_table(["system", "env-steps/s (median)", "x SB3", "per seed",
-                            "s to eval 475 (median of solved)", "seeds solved",
-                            "final eval (median)"], rows)
+                            "x SB3's run of the same seed", "s to eval 475 (median of solved)",
+                            "seeds solved", "final eval (median)"], rows)
+    return table, med, loads
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+           load_before: dict[str, Any]) -> None:
+    """Print the table and (unless ``--quick``) write the JSON and ``dqn_cartpole.md``."""
+    table, med, loads = tables(runs)
+    seeds = len(runs["sb3"])
     speedup = ratio(med["daskrl"]["env_steps_per_s"], med["sb3"]["env_steps_per_s"])
     print(table)
     print(f"daskrl / SB3 env-steps/s: {fmt(speedup)}; load {min(loads):.1f}-{max(loads):.1f} "
@@ -226,7 +236,27 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         f"start of each run: {loads_per_seed}; per seed the runs follow each other; "
         f"{_code(json.loads(args.json.read_text()))}). Same "
         f"settings on both sides (see the script's notes).\n\n{table}\n"
+        + earlier_section(args.json)
         + profile_section(args.json.parent / "dqn_profile.json") + READING)
+
+
+def earlier_section(path: Path) -> str:
+    """The table of the earlier run on the idle machine (``results/dqn_cartpole_idle.json``),
+    when this page's run is another one."""
+    idle = path.parent / "dqn_cartpole_idle.json"
+    if not idle.exists() or idle.resolve() == path.resolve():
+        return ""
+    data = json.loads(idle.read_text())
+    table, _, loads = tables(data["runs"])
+    flags = " --no-double-q-row" if data["settings"].get("no_double_q_row") else ""
+    return (f"\n## The earlier run on the idle machine\n\n`python benchmarks/dqn_cartpole.py "
+            f"--seeds {len(data['runs']['sb3'])} --steps {data['settings']['steps']}{flags}` "
+            f"(1-minute load {min(loads):.1f}-{max(loads):.1f}; {_code(data)}; "
+            f"[`results/dqn_cartpole_idle.json`](results/dqn_cartpole_idle.json)). On a loaded "
+            f"machine the load changes between the runs that follow each other, and the ratio "
+            f"of one seed's runs swings with it (the column \"x SB3's run of the same seed\" "
+            f"above); this idle run is the one to read for speed.\n\n{table}\n")
+
 
 if __name__ == "__main__":
     main()
