@@ -31,6 +31,7 @@ from _common import (
     markdown_table,
     median,
     ratio,
+    update_section,
     write_json,
 )
 from dqn_cartpole import profile_section
@@ -103,14 +104,18 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
                                "machine": machine_info(), "settings": vars(args) | {
                                    "json": str(args.json)}})
         md = args.json.parent.parent / "sac_pendulum.md"
-        md.write_text(
-            f"# SAC on Pendulum-v1: daskrl vs Stable-Baselines3 SAC\n\n"
-            f"`python benchmarks/sac_pendulum.py --seeds {len(runs['sb3'])} --steps {args.steps}"
-            f"{' --concurrent' if args.concurrent else ''}` (1-minute load "
-            f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; per seed the runs "
-            f"{'run at the same time' if args.concurrent else 'follow each other'}).\n\n"
-            f"{table}\n"
-            + profile_section(args.json.parent / "sac_profile.json"))
+        run = (f"`python benchmarks/sac_pendulum.py --seeds {len(runs['sb3'])} --steps "
+               f"{args.steps}{' --concurrent' if args.concurrent else ''}"
+               f"{f' --json {args.json.resolve().relative_to(ROOT)}' if args.section else ''}"
+               f"{f' --section {args.section}' if args.section else ''}` (1-minute load "
+               f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; per seed the runs "
+               f"{'run at the same time' if args.concurrent else 'follow each other'}).\n\n"
+               f"{table}\n")
+        if args.section:  # one marked section of the page; the rest stays as it is
+            update_section(md, args.section, run)
+        else:
+            md.write_text("# SAC on Pendulum-v1: daskrl vs Stable-Baselines3 SAC\n\n" + run
+                          + profile_section(args.json.parent / "sac_profile.json"))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -120,6 +125,8 @@ def main() -> None:
     parser.add_argument("--concurrent", action="store_true",
                         help="run daskrl and SB3 of a seed at the same time (a machine whose "
                              "load changes by the minute gives both the same)")
+    parser.add_argument("--section", help="write the table into this marked section of "
+                        "sac_pendulum.md instead of rewriting the page (a speed-only run)")
     parser.add_argument("--child", choices=["sb3"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/sac_pendulum.json")
