@@ -24,6 +24,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -140,14 +141,15 @@ def steady(its: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def run_daskrl(env_id: str, steps: int, seed: int, out: Path, timeout: float,
-               evaluate: bool = True) -> dict[str, Any]:
-    """One ``daskrl train`` run; its summary's speed and final greedy return (and, with
-    ``evaluate=False``, no evaluation but the steady speed and its parts)."""
+               evaluate: bool = True, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One ``daskrl train`` run (``extra``: more of its flags); its summary's speed and
+    final greedy return (and, with ``evaluate=False``, no evaluation but the steady speed and
+    its parts)."""
     s = SETTINGS
     cmd = [sys.executable, "-m", "daskrl", "train", "graphs/ppo.py", "--env", env_id,
            "--steps", str(steps), "--seed", str(seed), "--out", str(out), "--no-progress",
            "--clip-vloss" if s["clip_vloss"] else "--no-clip-vloss",
-           *([] if evaluate else ["--no-eval"])]
+           *([] if evaluate else ["--no-eval"]), *extra]
     for key in ("num_envs", "num_steps", "update_epochs", "minibatch_size", "learning_rate",
                 "gamma", "gae_lambda", "clip_coef", "ent_coef", "vf_coef", "max_grad_norm",
                 "hidden"):
@@ -204,6 +206,9 @@ def main() -> None:
                         help="thread CPU seconds per iteration by part, daskrl's roles in a "
                         "plain loop vs SB3's (each seed a repeat; --steps: iterations x 2048)")
     parser.add_argument("--quick", action="store_true", help="4096 steps, 1 seed, no output")
+    parser.add_argument("--daskrl-args", default="",
+                        help="more flags for daskrl's runs, e.g. \"--vtrace --distribution "
+                        "actors-learner:stale=1\" (recorded with the settings)")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/mujoco_ppo.json")
     args = parser.parse_args()
     if args.quick:
@@ -218,7 +223,9 @@ def main() -> None:
         if args.json == parser.get_default("json"):
             args.json = args.json.with_name("mujoco_ppo_cpu.json")
         return cpu_main(args)
-    record: dict[str, Any] = {"settings": SETTINGS, "steps": args.steps, "seeds": args.seeds,
+    extra = tuple(shlex.split(args.daskrl_args))
+    settings = {**SETTINGS, **({"daskrl_args": args.daskrl_args} if extra else {})}
+    record: dict[str, Any] = {"settings": settings, "steps": args.steps, "seeds": args.seeds,
                               "machine": machine_info(), "load_before": load_average(),
                               "runs": []}
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"mujoco_ppo-{os.getpid()}"
@@ -229,7 +236,7 @@ def main() -> None:
                 load = os.getloadavg()[0]
                 if system == "daskrl":
                     res = run_daskrl(env_id, args.steps, seed, tmp / f"{env_id}-{seed}",
-                                     args.timeout, evaluate=not args.speed)
+                                     args.timeout, evaluate=not args.speed, extra=extra)
                 else:
                     res = run_sb3(env_id, args.steps, seed, args.timeout,
                                   evaluate=not args.speed)
