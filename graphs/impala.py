@@ -8,13 +8,17 @@ batch as it lands and V-trace corrects for the policy lag). Under a synchronous 
 Discrete actions, or continuous ones (1-D Box: Pendulum-v1, MuJoCo) from a Gaussian policy
 whose per-step log-probability is the log-density of the whole action vector (summed over
 its dimensions), as V-trace's importance weights need:
-``daskrl train graphs/impala.py --env Pendulum-v1``.
+``daskrl train graphs/impala.py --env Pendulum-v1``. With Box actions the observations are
+normalised and the rewards scaled by running statistics (``--normalize``, as in
+``graphs/ppo.py``): the actors act with the statistics that came with their weights and
+return their moments, which the learner merges after each update.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -22,6 +26,7 @@ import numpy as np
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import evaluate_policy, policy_module
 from daskrl.algos.networks import actor_critic_for
+from daskrl.algos.normalize import Normalization
 from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
 from daskrl.core.envs import env_spaces
@@ -50,6 +55,15 @@ class Config:
     compile: bool = setting("differentiate a torch.compile-d loss", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
+    normalize: Literal["auto", "on", "off"] = setting(
+        "running observation normalisation and reward scaling (auto: on for Box actions, as "
+        "graphs/ppo.py; the statistics travel with the weights)", "auto")
+
+    def normalization(self, action_space: gym.Space) -> Normalization:
+        """Running statistics kept for ``action_space`` (``--normalize``)."""
+        on = (self.normalize == "on"
+              or (self.normalize == "auto" and isinstance(action_space, gym.spaces.Box)))
+        return Normalization(obs=on, reward=on)
 
     def hyper(self) -> PPOHyper:
         """One gradient step per batch (IMPALA's), with these loss and optimiser settings."""
@@ -58,10 +72,10 @@ class Config:
                         max_grad_norm=self.max_grad_norm, norm_adv=False)
 
 
-def make_actor(config: Config, seed: int) -> SequenceActor:
+def make_actor(config: Config, norm: Normalization, seed: int) -> SequenceActor:
     """Role ``rollout``: one actor's envs and policy copy, recording sequences."""
     return SequenceActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                         config.env_step_cost)
+                         config.env_step_cost, norm)
 
 
 def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int, device: str
@@ -70,12 +84,15 @@ def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int,
     hidden = (config.hidden,) * 2
     return VTraceLearner(0, 0, seed, hidden, config.hyper(), device, config.compile,
                          rho_bar=config.rho_bar, c_bar=config.c_bar, loss="actor-critic",
-                         network=partial(actor_critic_for, *spaces, hidden))
+                         replicas=config.num_actors,
+                         network=partial(actor_critic_for, *spaces, hidden,
+                                         config.normalization(spaces[1])))
 
 
-def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+def evaluate(config: Config, norm: Normalization, weights: dict, seed: int) -> dict[str, float]:
     """Role ``evaluate``: greedy episodes on fresh envs."""
-    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2)
+    return evaluate_policy(config.env, weights, seed, config.eval_episodes, (config.hidden,) * 2,
+                           norm)
 
 
 def build(config: Config) -> Algorithm:
@@ -86,7 +103,11 @@ def build(config: Config) -> Algorithm:
             raise ValueError(f"{flag} must be > 0, got {value}")
     spaces = env_spaces(config.env)  # checks the env id and reads its spaces
     hidden = (config.hidden,) * 2
-    net = actor_critic_for(*spaces, hidden)  # refuses spaces no head serves, in one line
+    norm = config.normalization(spaces[1])
+    net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves, in one line
+    if not net.action_shape and (norm.obs or norm.reward):
+        raise ValueError("--normalize on serves Box actions (the discrete heads keep no "
+                         "running statistics): drop --normalize on for this env")
     if len(spaces[0].shape) != 1:
         raise ValueError(f"--env {config.env}: observations of shape {spaces[0].shape}; "
                          "graphs/impala.py serves flat observations (use graphs/ppo.py for "
@@ -96,10 +117,10 @@ def build(config: Config) -> Algorithm:
     action_bytes = 4 * int(np.prod(net.action_shape)) if net.action_shape else 8
     return Algorithm(
         name="impala",
-        make_actor=partial(make_actor, config),
+        make_actor=partial(make_actor, config, norm),
         make_learner=partial(make_learner, config, spaces),
-        evaluate=partial(evaluate, config),
-        make_policy=partial(policy_module, config.env, hidden),
+        evaluate=partial(evaluate, config, norm),
+        make_policy=partial(policy_module, config.env, hidden, normalization=norm),
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,

@@ -81,6 +81,24 @@ def test_impala_runs_pendulum(tmp_path: Path) -> None:
     assert np.isfinite(float(rows[-1]["losses/value_loss"]))
     assert abs(float(rows[0]["vtrace/rho_mean"]) - 1) < 1e-4  # acting and learning agree
     assert np.isfinite(summary["eval_return_mean"])  # the Gaussian head's greedy policy
+    # Box actions: running statistics on by default; every step the actors took is merged
+    # into the statistics the final weights carry (the actors acted with the older ones)
+    model = torch.load(sorted((tmp_path / "checkpoints").glob("ckpt-*.pt"))[-1],
+                       weights_only=False)["learner"]["model"]
+    assert model["obs_rms.count"].item() == pytest.approx(summary["env_steps"] + 1e-4)
+    assert model["ret_rms.count"].item() == pytest.approx(summary["env_steps"] + 1e-4)
     policy = algo.make_policy(impala.make_learner(impala.Config(env="Pendulum-v1"), spaces_of(
         "Pendulum-v1"), 0, "cpu").weights(), True)
     assert policy(torch.zeros(5, 3)).shape == (5, 1)
+
+
+def test_impala_normalisation_flag() -> None:
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    with pytest.raises(ValueError, match="--normalize on serves Box actions"):
+        impala.build(impala.Config(env="CartPole-v1", normalize="on"))
+    raw = impala.build(impala.Config(env="Pendulum-v1", normalize="off"))
+    spaces = spaces_of("Pendulum-v1")
+    learner = raw.make_learner(0, "cpu")
+    assert not any(k.startswith("obs_rms") for k in learner.weights())
+    normed = impala.make_learner(impala.Config(env="Pendulum-v1"), spaces, 0, "cpu")
+    assert "obs_rms.count" in normed.weights()
