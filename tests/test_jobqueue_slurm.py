@@ -135,6 +135,9 @@ def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, cluster_tiny_ppo,
     print(f"slurm PPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
 
 
+@pytest.mark.timeout(300)  # a hang guard: room for one stalled learner task (the 60 s
+# hang bound) to be detected, its worker restarted and the run resubmitted, which the run
+# must survive (seen once in 5 runs: the clock waited 60 s for batches)
 def test_impala_free_running_actors_on_slurm_jobs(slurm_node, tmp_path):
     """IMPALA on a Slurm pool: two CPU jobs, an actor in each (the learner beside one of
     them, on its own clock); every iteration's batches land, and the jobs are cancelled."""
