@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from daskrl.algos.losses import ppo_loss
+from daskrl.algos.offpolicy import optimizer_state
 from daskrl.algos.ppo import explained_variance
 from daskrl.core.algorithm import UpdatePlan
 
@@ -326,11 +327,8 @@ class MAPPOLearner:
 
     def state_dict(self) -> dict[str, Any]:
         """Weights, optimiser and shuffling-generator state (CPU)."""
-        optim = self.optimizer.state_dict()
-        state = {i: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
-                     for k, v in s.items()} for i, s in optim["state"].items()}
         return {"model": self.weights(),
-                "optimizer": {"param_groups": optim["param_groups"], "state": state},
+                "optimizer": optimizer_state(self.optimizer),
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

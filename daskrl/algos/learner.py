@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from daskrl.algos.categorical import DiscreteActorCritic
 from daskrl.algos.losses import PPO_PARTS
 from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
+from daskrl.algos.offpolicy import optimizer_state
 from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
 from daskrl.core.algorithm import Batch, UpdatePlan
 
@@ -299,12 +300,7 @@ class ActorCriticLearner:
         """Model, optimiser and shuffling-generator state (CPU)."""
         optim_cpu = self._optimizer_state  # None: no step yet, Adam starts fresh
         if self._optimizer is not None:
-            optim = self._optimizer.state_dict()
-            optim_cpu = {
-                "param_groups": optim["param_groups"],
-                "state": {i: {k: _cpu(v) for k, v in s.items()}
-                          for i, s in optim["state"].items()},
-            }
+            optim_cpu = optimizer_state(self._optimizer)
         return {"model": self.weights(), "optimizer": optim_cpu,
                 "generator": self.generator.get_state()}
 
@@ -317,7 +313,3 @@ class ActorCriticLearner:
         else:  # loaded when the optimiser is built (a fresh one when None)
             self._optimizer, self._optimizer_state = None, state["optimizer"]
         self.generator.set_state(state["generator"])
-
-
-def _cpu(value: Any) -> Any:
-    return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else value

@@ -53,11 +53,13 @@ def polyak_(target: Iterable[Tensor], source: Iterable[Tensor], tau: float) -> N
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """A copy of ``optimizer.state_dict()``.
+    """A CPU copy of ``optimizer.state_dict()``, for a learner's state.
 
     Why a copy: torch's holds the live moment tensors, which the next step changes in place,
     while the learner output that carries them may still wait on its worker to be sent (to
-    the driver, into a checkpoint).
+    the driver, into a checkpoint). Why CPU: a checkpoint of a GPU learner must load on a
+    machine without one (``load_state_dict`` moves the moments back to the parameters'
+    device).
 
     Examples
     --------
@@ -65,7 +67,10 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     >>> opt.state_dict()["param_groups"] == optimizer_state(opt)["param_groups"]
     True
     """
-    return copy.deepcopy(optimizer.state_dict())
+    state = optimizer.state_dict()
+    return {"param_groups": copy.deepcopy(state["param_groups"]),
+            "state": {i: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
+                          for k, v in s.items()} for i, s in state["state"].items()}}
 
 
 def restore_replay(replay: Any, state: Mapping[str, Any]) -> int:
