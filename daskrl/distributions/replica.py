@@ -4,6 +4,8 @@ outside between all-reduces (by Dask tasks or by ``torch.distributed``)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -115,27 +117,20 @@ class Phases:
         self.statistics = False
         """Whether round 0 carried batch statistics rather than gradients."""
 
-    def timed(self, name: str) -> _Timed:
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
         """A context manager adding its block's wall and CPU seconds to phase ``name``."""
-        return _Timed(self, name)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - t0
+            self.cpu[name] = self.cpu.get(name, 0.0) + time.thread_time() - c0
 
     def summary(self) -> dict[str, Any]:
         """Per-phase totals and the round clocks (what travels back with the replica)."""
         return {"wall": dict(self.wall), "cpu": dict(self.cpu), "ready": list(self.ready),
                 "back": list(self.back), "statistics": self.statistics}
-
-
-class _Timed:
-    def __init__(self, phases: Phases, name: str) -> None:
-        self.phases, self.name = phases, name
-
-    def __enter__(self) -> None:
-        self.t0, self.c0 = time.perf_counter(), time.thread_time()
-
-    def __exit__(self, *exc: object) -> None:
-        ph, name = self.phases, self.name
-        ph.wall[name] = ph.wall.get(name, 0.0) + time.perf_counter() - self.t0
-        ph.cpu[name] = ph.cpu.get(name, 0.0) + time.thread_time() - self.c0
 
 
 def round_split(phases: list[dict[str, Any]]) -> dict[str, float]:
