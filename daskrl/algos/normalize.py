@@ -163,6 +163,27 @@ class RunningMeanStd(nn.Module):
         """``sqrt(var + EPS)`` as numpy (what rewards are divided by)."""
         return self.scale()[2]
 
+    def scale_rewards(self, reward: np.ndarray, discounted: np.ndarray, valid: np.ndarray,
+                      done: np.ndarray, gamma: float) -> tuple[np.ndarray, np.ndarray]:
+        """One vector step of gymnasium's ``NormalizeReward`` with these statistics frozen:
+        ``discounted`` (per env, the episode's discounted return so far; updated in place
+        where ``valid``, reset where an episode ended) and the rewards divided by the
+        return's std, clipped to +-``clip``. Returns ``(scaled, returns seen)``; the returns
+        seen are what the learner merges into these statistics.
+
+        Examples
+        --------
+        >>> rms, disc = RunningMeanStd(), np.zeros(2)
+        >>> r = np.array([1.0, 2.0]); yes = np.array([True, True])
+        >>> scaled, seen = rms.scale_rewards(r, disc, yes, np.array([False, True]), 0.5)
+        >>> seen.tolist(), disc.tolist()  # env 1's episode ended: its return restarts
+        ([1.0, 2.0], [1.0, 0.0])
+        """
+        discounted[valid] = discounted[valid] * gamma + reward[valid]
+        seen = discounted.copy()
+        discounted[done & valid] = 0.0
+        return np.clip(reward / self.std(), -self.clip, self.clip), seen
+
     def forward(self, x: Tensor) -> Tensor:
         """``(x - mean) / sqrt(var + EPS)``, clipped to +-``clip``, float32."""
         if torch.jit.is_scripting():  # an exported policy: no Python-side cache

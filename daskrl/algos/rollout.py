@@ -132,11 +132,9 @@ class RolloutRecorder:
         if rms is None:
             return reward
         assert self.discounted is not None
-        valid = step.valid
-        self.discounted[valid] = self.discounted[valid] * self.gamma + reward[valid]
-        self.returns_seen[self.t] = self.discounted
-        self.discounted[step.done & valid] = 0.0
-        return np.clip(reward / rms.std(), -rms.clip, rms.clip)
+        scaled, self.returns_seen[self.t] = rms.scale_rewards(
+            reward, self.discounted, step.valid, step.done, self.gamma)
+        return scaled
 
     def finish(self, last_obs: np.ndarray) -> dict[str, Any]:
         """Bootstrap from ``last_obs``, apply GAE, return the valid transitions and stats."""

@@ -130,11 +130,8 @@ class SequenceActor:
             step = runner.step(actions[t].copy())
             rewards[t], valid[t] = step.reward, step.valid
             if seen is not None:  # gymnasium's NormalizeReward, statistics frozen for the rollout
-                live = step.valid
-                self.discounted[live] = self.discounted[live] * self.gamma + step.reward[live]
-                seen[t] = self.discounted
-                self.discounted[step.done & live] = 0.0
-                rewards[t] = np.clip(step.reward / ret_rms.std(), -ret_rms.clip, ret_rms.clip)
+                rewards[t], seen[t] = ret_rms.scale_rewards(
+                    step.reward, self.discounted, step.valid, step.done, self.gamma)
             discounts[t] = self.gamma * ~np.asarray(step.terminated, dtype=bool)
             returns.extend(step.episode_returns)
             lengths.extend(step.episode_lengths)
