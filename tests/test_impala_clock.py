@@ -114,3 +114,68 @@ def test_the_learner_runs_between_tasks_and_stops_a_bounded_way_ahead() -> None:
             lambda dask_scheduler: [k for k in dask_scheduler.tasks
                                     if str(k).startswith("rollout-")]),
             "rollouts were left in flight")
+
+
+def test_a_clock_that_reaches_the_end_of_the_run_ahead_still_serves_its_last_task() -> None:
+    # a run no longer than the clock may run ahead: the learner runs to its end before the
+    # last task asks; the actors stop there, and that task takes its iterations from the same
+    # clock (it used to close itself, and a fresh clock started over from the task's input)
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=8))
+    learner = algo.make_learner(0, "cpu")
+    start = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
+    run, total = "clockend", 4
+    assert total <= 2 + AHEAD
+    with local_cluster([{"CPU": 1}, {"CPU": 1}], processes=False,
+                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        home = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}["w0"]
+        actors = (("w1", {"CPU": 1}),) * 2
+
+        def learn(out: LearnerOutput, first: int, count: int) -> LearnerOutput:
+            ctx = TaskContext(run, 0, 0, first, total)
+            return client.submit(impala_learn, ctx, algo, out, actors, 2, None, count,
+                                 workers=[home], pure=False).result(timeout=120)
+
+        def position() -> tuple[int, int, bool] | None:
+            return client.run(_clock_position, run, workers=[home])[home]
+
+        first = learn(start, 0, 2)
+        _wait(lambda: position() == (total, total, False), f"the clock went on: {position()}")
+        _wait(lambda: not client.run_on_scheduler(
+            lambda dask_scheduler: [k for k in dask_scheduler.tasks
+                                    if str(k).startswith("rollout-")]),
+            "the actors went on after the run's last iteration")
+        last = learn(first, 2, 2)
+        assert last.version == total and last.metrics["learner_ahead"] == 2
+
+
+def test_closing_the_weights_channel_does_not_stall_the_clients_stream() -> None:
+    # a reader that has the weights' future and has not yet confirmed it (a rollout on the
+    # learner's own worker, between its get and its confirmation) must not hold up what the
+    # publisher's client sends next: deleting the variable waited for that confirmation on
+    # the client's stream, and the confirmation of a reader on the same client came behind it
+    from distributed import Variable
+
+    from daskrl.distributions.free_running import (
+        ChannelClosed,
+        Publisher,
+        channel_name,
+        newest_weights,
+    )
+
+    with local_cluster([{"CPU": 1}], processes=False,
+                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        address = next(iter(client.scheduler_info()["workers"]))
+        publisher = Publisher(client, "stalltest", address)
+        publisher.publish_now(1, {"w": torch.zeros(3)})
+        record = client.sync(client.scheduler.variable_get, name=channel_name("stalltest"),
+                             client=client.id)
+        assert record["type"] == "Future"  # its token stays open: no confirmation yet
+        publisher.close()
+        assert client.submit(abs, -3, pure=False).result(timeout=20) == 3
+        assert Variable(channel_name("stalltest", "version"), client=client).get() is None
+        with pytest.raises(ChannelClosed, match="closed its weights channel stalltest"):
+            client.submit(newest_weights, "run", "stalltest", pure=False).result(timeout=20)
+        client._send_to_scheduler({"op": "variable-future-received-confirm",
+                                   "name": channel_name("stalltest"), "key": record["value"],
+                                   "token": record["token"]})

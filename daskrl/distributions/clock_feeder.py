@@ -45,6 +45,8 @@ class FeederOwner(Protocol):
 
     closed: bool
     """True once the clock stops: the feeder ends."""
+    finished: bool
+    """True once the learner has run the run's last iteration: the feeder ends."""
     iteration: int
     """The next iteration the learner runs (a new rollout's context names it)."""
 
@@ -99,7 +101,9 @@ class Feeder:
         fut = self.client.submit(
             free_rollout, actor_ctx, self.algo, None, self.channel, pure=False,
             resources=self.actors[a][1], workers=[worker] if worker else None,
-            priority=ROLLOUT_PRIORITY, key=step_key("rollout", a, iteration, r, self.ctx.run))
+            # the channel names this clock: a clock started again from the same iteration
+            # (a retry) must not reuse the keys of the rollouts its predecessor cancelled
+            priority=ROLLOUT_PRIORITY, key=step_key("rollout", a, iteration, r, self.channel))
         pipe.pending[fut.key] = (a, fut)
         return fut
 
@@ -144,7 +148,7 @@ class Feeder:
                 self.submit(a)
         arrivals = as_completed([f for _, f in pipe.pending.values()], with_results=True)
         checked = time.monotonic()
-        while not self.owner.closed:
+        while not (self.owner.closed or self.owner.finished):
             if time.monotonic() - checked > MEMBERSHIP_S:
                 if self.rehome():
                     arrivals = as_completed([f for _, f in pipe.pending.values()],
@@ -159,7 +163,7 @@ class Feeder:
             a, _ = pipe.pending.pop(fut.key)
             arrivals.add(self.submit(a))  # the actor's next rollout, before this update
             staged = self.stager(batch)
-            while not self.owner.closed:
+            while not (self.owner.closed or self.owner.finished):
                 try:
                     self.staged.put((a, staged), timeout=0.1)
                     break

@@ -31,6 +31,11 @@ MEMBERSHIP_S = 0.5
 """How often the learner asks the scheduler whether an actor's worker left or came back."""
 
 
+class ChannelClosed(RuntimeError):
+    """A rollout asked for weights after its learner stopped publishing (it was cancelled as
+    the learner's clock closed, and nobody waits for its result)."""
+
+
 def channel_name(run: str, what: str = "weights") -> str:
     """The name of the :class:`distributed.Variable` that holds a run's newest weights
     (``what="weights"``: a future of ``(version, weights)``) or their version
@@ -51,9 +56,14 @@ def newest_weights(run: str, channel: str | None = None) -> tuple[int, Weights]:
     client = get_client()
     channel = channel or run
     version = Variable(channel_name(channel, "version"), client=client).get(timeout=60)
+    if version is None:
+        raise ChannelClosed(f"the learner of run {run} closed its weights channel {channel}")
     cache, _ = resident((run, "impala", "weights", channel), dict)
     if cache.get("version") != version:
-        value = Variable(channel_name(channel), client=client).get(timeout=60).result(timeout=60)
+        future = Variable(channel_name(channel), client=client).get(timeout=60)
+        if future is None:
+            raise ChannelClosed(f"the learner of run {run} closed its weights channel {channel}")
+        value = future.result(timeout=60)
         cache.update(version=value[0], value=value)
     return cache["value"]
 
@@ -123,14 +133,25 @@ class Publisher:
                 return
 
     def close(self) -> None:
-        """Stop the thread and delete the run's variables (the run ends)."""
+        """Stop the thread and empty the run's variables (the run ends): the scheduler lets
+        go of the last weights once every rollout that read them has said so.
+
+        Why the variables are set to ``None`` rather than deleted: ``Variable.delete`` is a
+        message on this worker's client stream, and the scheduler handles it by waiting
+        until every reader of the variable's future has confirmed it (Dask 2026.8,
+        ``VariableExtension.release``). A rollout on this same worker confirms through that
+        same stream, behind the delete, so the stream stalled for good: every later
+        submission from this worker (a new clock's rollouts) never reached the scheduler.
+        ``Variable.set`` is a request of its own, and the scheduler releases the old future
+        in the background.
+        """
         with self.cond:
             self.closed = True
             self.cond.notify()
         self.thread.join(timeout=30)
-        for var in (self.weights, self.version):
+        for var in (self.version, self.weights):  # the version first: readers look at it
             try:
-                var.delete()
+                var.set(None, timeout=10)
             except Exception:  # noqa: BLE001 - the scheduler may be going away
                 pass
 

@@ -35,9 +35,9 @@ and its actor rolls out again. ``learner_busy`` is the share of an iteration's w
 its publisher); ``learner_wait_s`` is the time it waited for a batch, ``learner_idle_s`` the
 rest (the clock's bookkeeping, or its wait for a task when it ran a task's worth ahead);
 ``learner_ahead`` how many of a task's iterations the clock had finished before the task
-came. ``actors_for_busy``
-estimates the actors that would keep the learner busy (:mod:`daskrl.observe.profile`
-suggests adding them).
+came, and ``learner_clock`` the clock that ran the iteration (one per run, unless a retry or
+a lost worker started another). ``actors_for_busy`` estimates the actors that would keep the
+learner busy (:mod:`daskrl.observe.profile` suggests adding them).
 
 The machinery (rollout task, publisher, rollouts in flight) is in
 :mod:`daskrl.distributions.free_running`, the learner's loop in

@@ -28,11 +28,13 @@ more hop, and no recomputation of a batch lost with a worker); futures fetched b
 
 The driver's contract is kept: a task returns ``LearnerOutput(learner_in.version + count,
 state, weights, metrics, history)``, the state being the learner's as it was after
-iteration ``i + count - 1`` (the clock snapshots it there, also when it has run beyond). A
-task whose ``learner_in`` is not where the clock delivered last (a resume, a retry from an
-earlier output, a new run) closes the clock and starts a fresh one from ``learner_in``. The
-clock closes itself after the run's last iteration, when the run is dropped from the worker
-(``drop_run`` closes resident objects), or after :data:`IDLE_S` without a task.
+iteration ``i + count - 1`` (the clock snapshots it there, also when it has run beyond). When
+the learner has run the run's last iteration the actors stop, and the clock stays open until
+the task that takes that iteration has it. A task whose ``learner_in`` is not where the
+clock delivered last (a resume, a retry from an earlier output, a new run) closes the clock
+and starts a fresh one from ``learner_in``. The clock closes when the run's last iteration is
+delivered, when the run is dropped from the worker (``drop_run`` closes resident objects), or
+after :data:`IDLE_S` without a task.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class LearnerClock:
         self.snapshots: dict[int, dict[str, Any]] = {}
         self.cond = threading.Condition()
         self.closed = False
+        self.finished = False  # the run's last iteration is run: the actors stop
         self.error: BaseException | None = None
         self.asked = time.monotonic()
         self.me = get_worker()
@@ -235,6 +238,7 @@ class LearnerClock:
                 used += 1
                 rec.record(batch["stats"], a, lag)
             metrics = rec.finish(self.updates, n, worker=str(self.me.name))
+            metrics["learner_clock"] = self.channel  # a run's clocks: one unless restarted
             last_end = time.time()
             snapshot = learner.state_dict() if it + 1 >= self.wanted else None
             with self.cond:
@@ -244,7 +248,11 @@ class LearnerClock:
                 self.iteration = it + 1
                 self.cond.notify_all()
             if it + 1 >= ctx.num_iterations:  # the run's last: stop the actors
-                self.close()
+                # ... but stay open for the tasks not yet asked (the clock may run ahead to
+                # the end of the run); the task that takes the last iteration closes it
+                with self.cond:
+                    self.finished = True
+                    self.cond.notify_all()
                 return
 
 
