@@ -144,27 +144,42 @@ def boil(rows: list[dict[str, str]], threshold: float = 475.0) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="seeds per cell; the systems alternate within each seed")
     p.add_argument("--first-seed", type=int, default=1,
                    help="seeds first-seed .. first-seed + repeats - 1")
-    p.add_argument("--phases", default="speed,learn")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--actors", default="1,2,4")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--speed-steps", type=int, default=40_000)
-    p.add_argument("--costly-steps", type=int, default=8_192)
-    p.add_argument("--env-step-cost", type=float, default=0.001)
-    p.add_argument("--learn-actors", type=int, default=2)
-    p.add_argument("--learn-steps", type=int, default=500_000)
-    p.add_argument("--eval-steps", type=int, default=10_240)
-    p.add_argument("--threshold", type=float, default=475.0)
+    p.add_argument("--phases", default="speed,learn",
+                   help="comma-separated: speed (throughput, busy share, lag), learn (CartPole "
+                        "to --threshold), mujoco (--mujoco-env's final return)")
+    p.add_argument("--workers", type=int, default=2, help="workers of the embedded cluster")
+    p.add_argument("--actors", default="1,2,4", help="actor counts of the speed phase")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated columns: {', '.join(SYSTEMS)} or a distribution "
+                        "spec such as impala:in_flight=1")
+    p.add_argument("--speed-steps", type=int, default=40_000,
+                   help="env steps of each plain-CartPole speed run")
+    p.add_argument("--costly-steps", type=int, default=8_192,
+                   help="env steps of each speed run with --env-step-cost")
+    p.add_argument("--env-step-cost", type=float, default=0.001,
+                   help="extra CPU seconds each env step burns in the costly speed runs")
+    p.add_argument("--learn-actors", type=int, default=2,
+                   help="actors of the learn and mujoco phases")
+    p.add_argument("--learn-steps", type=int, default=500_000,
+                   help="env steps of each learn run (the learning rate anneals over them)")
+    p.add_argument("--eval-steps", type=int, default=10_240,
+                   help="env steps between evaluations of a learn run")
+    p.add_argument("--threshold", type=float, default=475.0,
+                   help="the evaluation return whose first crossing is timed")
     p.add_argument("--mujoco-env", default="Hopper-v5")
-    p.add_argument("--mujoco-steps", type=int, default=200_000)
+    p.add_argument("--mujoco-steps", type=int, default=200_000,
+                   help="env steps of each mujoco run")
     p.add_argument("--graph-args", default="",
                    help="more flags for every run, e.g. '--learning-rate 5e-4'")
     p.add_argument("--quick", action="store_true", help="a smoke test; writes nothing here")
-    p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/impala.json")
-    p.add_argument("--md", type=Path, default=ROOT / "benchmarks/impala.md")
+    p.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/impala.json",
+                   help="where the raw runs and their settings are written")
+    p.add_argument("--md", type=Path, default=ROOT / "benchmarks/impala.md",
+                   help="the page whose --section gets the tables")
     p.add_argument("--section", default="impala",
                    help="the marked section of --md to write (phases run apart write apart)")
     args = p.parse_args(argv)
