@@ -71,6 +71,11 @@ def test_bad_input_is_one_line_before_any_worker() -> None:
     with pytest.raises(Unsupported, match="'vtrace' capability.*graphs/ppo.py --vtrace"):
         get_distribution("impala").check(algo)
     get_distribution("impala").check(ppo.build(ppo.Config(vtrace=True)))
+    three = load_graph(str(ROOT / "graphs" / "impala.py")).build(
+        load_graph(str(ROOT / "graphs" / "impala.py")).Config(num_actors=3))
+    with pytest.raises(Unsupported, match=r"^impala:batch=2 must divide --num-actors 3 .*"
+                                          r"use batch=1 or 3, or --num-actors 4$"):
+        get_distribution("impala:batch=2").check(three)
     done = _cli("train", "graphs/ppo.py", "--distribution", "impala", "--steps", "1000",
                 "--out", "/tmp/daskrl-impala-refused")
     assert "'vtrace' capability" in _refusal(done)
@@ -146,6 +151,23 @@ def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
     # in turn, the learner waits for every rollout (how long depends on the machine)
     assert all(0 < float(r["learner_busy"]) <= 1 for r in rows)
     assert "learner busy: " in report(tmp_path)
+
+
+def test_batch_makes_one_update_of_several_rollouts(tmp_path: Path) -> None:
+    # impala:batch=2 with 2 actors: one gradient step per iteration on both batches (as
+    # lockstep actors-learner makes), so the weights version counts iterations
+    from daskrl.runtime.driver import RunSettings, train
+
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=16))
+    for spec, per_iteration in (("impala", 2), ("impala:batch=2", 1)):
+        out = tmp_path / spec.replace(":", "_")
+        train(SyncBackend(), algo, get_distribution(spec),
+              RunSettings(out=out, steps=3 * 64, eval=False, progress=False))
+        rows = _rows(out / "metrics.csv")
+        assert [int(r["weights_version"]) for r in rows] == [
+            per_iteration * (i + 1) for i in range(3)], spec
+        assert all(r["policy_lags"] == "0:0 1:0" for r in rows), spec
 
 
 def test_profile_says_actor_bound_and_how_many_actors_to_add() -> None:

@@ -70,27 +70,41 @@ def _wait(predicate: Any, what: str, timeout: float = 90.0) -> None:
         time.sleep(0.05)
 
 
+class _Rig:
+    """A learner worker ``w0`` and two actors on ``w1``: learner tasks of one run of
+    ``total`` iterations, submitted as the driver would, and where the run's clock stands."""
+
+    def __init__(self, client: Client, run: str, total: int) -> None:
+        impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+        self.algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=8))
+        learner = self.algo.make_learner(0, "cpu")
+        self.start = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
+        self.client, self.run, self.total = client, run, total
+        names = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}
+        self.home = names["w0"]
+
+    def learn(self, out: LearnerOutput, first: int, count: int, batch: int = 1
+              ) -> LearnerOutput:
+        ctx = TaskContext(self.run, 0, 0, first, self.total)
+        actors = (("w1", {"CPU": 1}),) * 2
+        return self.client.submit(impala_learn, ctx, self.algo, out, actors, 2, None, count,
+                                  batch, workers=[self.home], pure=False).result(timeout=120)
+
+    def position(self) -> tuple[int, int, bool] | None:
+        return self.client.run(_clock_position, self.run, workers=[self.home])[self.home]
+
+    def rollouts(self) -> list[str]:
+        return self.client.run_on_scheduler(
+            lambda dask_scheduler: [str(k) for k in dask_scheduler.tasks
+                                    if str(k).startswith("rollout-")])
+
+
 def test_the_learner_runs_between_tasks_and_stops_a_bounded_way_ahead() -> None:
-    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
-    algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=8))
-    learner = algo.make_learner(0, "cpu")
-    start = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
-    run, total = "clocktest", 2 + AHEAD + 6
     with local_cluster([{"CPU": 1}, {"CPU": 1}], processes=False,
                        dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        names = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}
-        home = names["w0"]
-        actors = (("w1", {"CPU": 1}),) * 2
-
-        def learn(out: LearnerOutput, first: int, count: int) -> LearnerOutput:
-            ctx = TaskContext(run, 0, 0, first, total)
-            return client.submit(impala_learn, ctx, algo, out, actors, 2, None, count,
-                                 workers=[home], pure=False).result(timeout=120)
-
-        def position() -> tuple[int, int, bool] | None:
-            return client.run(_clock_position, run, workers=[home])[home]
-
-        first = learn(start, 0, 2)
+        rig = _Rig(client, "clocktest", 2 + AHEAD + 6)
+        learn, position, total = rig.learn, rig.position, rig.total
+        first = learn(rig.start, 0, 2)
         assert first.version == 2 and len(first.history) == 1
         assert [len(m["policy_lags"].split()) for m in [*first.history, first.metrics]] == [2, 2]
         # no task runs now, yet the learner goes on: AHEAD iterations past the task (tasks of
@@ -110,42 +124,23 @@ def test_the_learner_runs_between_tasks_and_stops_a_bounded_way_ahead() -> None:
         assert last.version == total and len(last.history) == total - 5
         # the run's last task closes the clock: its threads end and its rollouts are let go
         _wait(lambda: not position()[2], f"the clock's threads go on: {position()}")
-        _wait(lambda: not client.run_on_scheduler(
-            lambda dask_scheduler: [k for k in dask_scheduler.tasks
-                                    if str(k).startswith("rollout-")]),
-            "rollouts were left in flight")
+        _wait(lambda: not rig.rollouts(), "rollouts were left in flight")
 
 
 def test_a_clock_that_reaches_the_end_of_the_run_ahead_still_serves_its_last_task() -> None:
     # a run no longer than the clock may run ahead: the learner runs to its end before the
     # last task asks; the actors stop there, and that task takes its iterations from the same
     # clock (it used to close itself, and a fresh clock started over from the task's input)
-    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
-    algo = impala.build(impala.Config(num_actors=2, num_envs=2, num_steps=8))
-    learner = algo.make_learner(0, "cpu")
-    start = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
-    run, total = "clockend", 4
+    total = 4
     assert total <= 2 + AHEAD
     with local_cluster([{"CPU": 1}, {"CPU": 1}], processes=False,
                        dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        home = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}["w0"]
-        actors = (("w1", {"CPU": 1}),) * 2
-
-        def learn(out: LearnerOutput, first: int, count: int) -> LearnerOutput:
-            ctx = TaskContext(run, 0, 0, first, total)
-            return client.submit(impala_learn, ctx, algo, out, actors, 2, None, count,
-                                 workers=[home], pure=False).result(timeout=120)
-
-        def position() -> tuple[int, int, bool] | None:
-            return client.run(_clock_position, run, workers=[home])[home]
-
-        first = learn(start, 0, 2)
+        rig = _Rig(client, "clockend", total)
+        position = rig.position
+        first = rig.learn(rig.start, 0, 2)
         _wait(lambda: position() == (total, total, False), f"the clock went on: {position()}")
-        _wait(lambda: not client.run_on_scheduler(
-            lambda dask_scheduler: [k for k in dask_scheduler.tasks
-                                    if str(k).startswith("rollout-")]),
-            "the actors went on after the run's last iteration")
-        last = learn(first, 2, 2)
+        _wait(lambda: not rig.rollouts(), "the actors went on after the run's last iteration")
+        last = rig.learn(first, 2, 2)
         assert last.version == total and last.metrics["learner_ahead"] == 2
 
 
@@ -179,3 +174,13 @@ def test_closing_the_weights_channel_does_not_stall_the_clients_stream() -> None
         client._send_to_scheduler({"op": "variable-future-received-confirm",
                                    "name": channel_name("stalltest"), "key": record["value"],
                                    "token": record["token"]})
+
+
+def test_a_clock_with_batch_2_makes_one_update_of_both_actors_batches() -> None:
+    with local_cluster([{"CPU": 1}, {"CPU": 1}], processes=False,
+                       dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+        rig = _Rig(client, "clockbatch", 3)
+        out = rig.learn(rig.start, 0, 3, batch=2)
+        rows = [*out.history, out.metrics]
+        assert [m["weights_version"] for m in rows] == [1, 2, 3]  # one update per iteration
+        assert all(len(m["policy_lags"].split()) == 2 for m in rows)  # both batches in it

@@ -70,6 +70,7 @@ from daskrl.distributions.async_grads import waiting
 from daskrl.distributions.base import (
     Distribution,
     IterationInputs,
+    Unsupported,
     pinned,
     step_key,
     to_bool,
@@ -99,12 +100,18 @@ class Impala(Distribution):
         slot, so its core is its own). Default False: actors are spread over every worker,
         the learner's too, and the learner holds no CPU slot (on few cores the envs get
         them all, and the learner's work interleaves with theirs).
+    batch : int
+        Rollouts per learner update (IMPALA's batch size, in unrolls): the learner takes
+        this many batches as they land and makes one gradient step on them together.
+        Default 1 (an update per batch). With ``batch = num_actors`` the learner makes as
+        many updates per env step as lockstep ``actors-learner``, on the same batch size;
+        it must divide ``--num-actors`` (an iteration is ``num_actors`` batches).
 
     Examples
     --------
-    >>> d = Impala(in_flight="3", max_lag="8")
-    >>> d.in_flight, d.max_lag
-    (3, 8)
+    >>> d = Impala(in_flight="3", max_lag="8", batch="2")
+    >>> d.in_flight, d.max_lag, d.batch
+    (3, 8, 2)
     >>> Impala(max_lag="-1")
     Traceback (most recent call last):
     ...
@@ -118,8 +125,10 @@ class Impala(Distribution):
     replaceable = frozenset({"rollout"})
 
     def __init__(self, in_flight: int | str = 2, max_lag: int | str | None = None,
-                 iterations_per_task: int | str = 16, apart: bool | str = False) -> None:
+                 iterations_per_task: int | str = 16, apart: bool | str = False,
+                 batch: int | str = 1) -> None:
         self.apart = to_bool("apart", apart)
+        self.batch = to_int("batch", batch)
         self.in_flight = to_int("in_flight", in_flight)
         self.max_lag = (None if max_lag is None or str(max_lag).lower() == "none"
                         else to_int("max_lag", max_lag, minimum=0))
@@ -129,6 +138,28 @@ class Impala(Distribution):
         """``vtrace``: batches carry sequences and the acting version; a value head."""
         return {"vtrace": "use graphs/impala.py, or graphs/ppo.py --vtrace (an algorithm "
                           "with a value head whose actor records sequences)"}
+
+    def check(self, algo: Algorithm) -> None:
+        """The capability check, then ``batch`` against the actors (before any worker
+        starts).
+
+        Examples
+        --------
+        >>> algo = Algorithm("a", print, print, print, num_steps=8, num_envs=4, num_actors=3,
+        ...                  capabilities=frozenset({"vtrace"}))
+        >>> Impala(batch=2).check(algo)
+        Traceback (most recent call last):
+        ...
+        daskrl.distributions.base.Unsupported: impala:batch=2 must divide --num-actors 3 (an iteration is one batch per actor): use batch=1 or 3, or --num-actors 4
+        """  # noqa: E501
+        super().check(algo)
+        n = algo.num_actors
+        if n % self.batch:
+            fits = [k for k in range(1, n + 1) if n % k == 0]
+            raise Unsupported(
+                f"impala:batch={self.batch} must divide --num-actors {n} (an iteration is "
+                f"one batch per actor): use batch={' or '.join(map(str, fits[:1] + fits[-1:]))}"
+                f", or --num-actors {n + self.batch - n % self.batch}")
 
     def workers_wanted(self, algo: Algorithm) -> int:
         """One worker per actor, plus the learner's when ``apart``."""
@@ -211,6 +242,7 @@ class Impala(Distribution):
         place = inputs.placement
         return task(impala_learn, inputs.context("learner", 0), inputs.algo, inputs.learner_in,
                     self._actors(inputs), self.in_flight, self.max_lag, inputs.count,
+                    self.batch,
                     role="learner", replica=0, iteration=inputs.iteration, run=inputs.run,
                     resources=self._learner_resources(inputs),
                     worker=place.worker("learner", 0))

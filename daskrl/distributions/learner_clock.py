@@ -93,20 +93,20 @@ class LearnerClock:
         The resident learner, in step with ``version``.
     version : int
         The ``LearnerOutput`` version the clock starts from.
-    actors, in_flight, max_lag
+    actors, in_flight, max_lag, batch
         As :func:`impala_learn`.
     """
 
     def __init__(self, client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
                  version: int, actors: Sequence[ActorSpec], in_flight: int,
-                 max_lag: int | None) -> None:
+                 max_lag: int | None, batch: int = 1) -> None:
         self.client, self.ctx, self.algo, self.learner = client, ctx, algo, learner
-        self.max_lag = max_lag
+        self.max_lag, self.batch = max_lag, batch
         self.n = len(actors)
         self.iteration = ctx.iteration  # the next iteration the learner runs
         self.delivered = (ctx.iteration, version)  # where the next task must start
         self.base = (ctx.iteration, version)
-        self.updates = version * self.n  # weights versions count updates
+        self.updates = version * (self.n // batch)  # weights versions count updates
         self.horizon = ctx.iteration  # the learner runs iterations below this
         self.wanted = ctx.iteration  # the end of the latest task's iterations
         self.records: dict[int, dict[str, Any]] = {}
@@ -132,9 +132,9 @@ class LearnerClock:
             thread.start()
 
     # ------------------------------------------------------------ the task's side
-    def matches(self, ctx: TaskContext, learner_in: LearnerOutput) -> bool:
+    def matches(self, ctx: TaskContext, learner_in: LearnerOutput, batch: int) -> bool:
         """True when a task from ``learner_in`` at ``ctx.iteration`` continues this clock."""
-        return (not self.closed and self.error is None
+        return (not self.closed and self.error is None and batch == self.batch
                 and self.delivered == (ctx.iteration, learner_in.version))
 
     def ask(self, ctx: TaskContext, count: int, actors: Sequence[ActorSpec]
@@ -220,23 +220,28 @@ class LearnerClock:
             rec = IterationRecord(last_end)
             used = 0
             while used < n:
-                t0 = time.time()
-                a, staged = self._next_batch()
-                batch = staged.ready()
-                rec.wait_s += time.time() - t0
-                lag = self.updates - int(batch["stats"]["policy_version"])
-                if self.max_lag is not None and lag > self.max_lag:
-                    rec.dropped += 1
-                    continue
+                group: list[tuple[int, dict[str, Any], int]] = []
+                while len(group) < self.batch:  # the update's batches, as they land
+                    t0 = time.time()
+                    a, staged = self._next_batch()
+                    batch = staged.ready()
+                    rec.wait_s += time.time() - t0
+                    lag = self.updates - int(batch["stats"]["policy_version"])
+                    if self.max_lag is not None and lag > self.max_lag:
+                        rec.dropped += 1
+                        continue
+                    group.append((a, batch, lag))
                 t1 = time.time()
-                rec.metrics = learner.update([batch], min(1.0, ctx.progress(it + used / n)))
+                rec.metrics = learner.update([b for _, b, _ in group],
+                                             min(1.0, ctx.progress(it + used / n)))
                 self.updates += 1
                 t2 = time.time()
                 publisher.offer(self.updates, learner.weights())
                 rec.update_s += t2 - t1
                 rec.publish_s += time.time() - t2
-                used += 1
-                rec.record(batch["stats"], a, lag)
+                used += len(group)
+                for a, batch, lag in group:
+                    rec.record(batch["stats"], a, lag)
             metrics = rec.finish(self.updates, n, worker=str(self.me.name))
             metrics["learner_clock"] = self.channel  # a run's clocks: one unless restarted
             last_end = time.time()
@@ -257,12 +262,12 @@ class LearnerClock:
 
 
 def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
-           actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None
+           actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None, batch: int
            ) -> tuple[LearnerClock, bool]:
     """The run's clock on this worker, continuing or (re)started from ``learner_in``."""
     clocks, _ = resident(("impala", "clocks"), dict)
     clock = clocks.get(ctx.run)
-    if clock is not None and clock.matches(ctx, learner_in):
+    if clock is not None and clock.matches(ctx, learner_in, batch):
         return clock, False
     for old in list(clocks.values()):  # an earlier run or attempt: let go of what it left
         old.close(wait=True)  # before this run's publisher sets its variables again
@@ -270,7 +275,7 @@ def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOu
     holder, built = resident_learner(ctx, algo, learner_in)
     holder["version"] = None  # the clock moves it on: a later resident_learner reloads
     clock = LearnerClock(client, ctx, algo, holder["learner"], learner_in.version, actors,
-                         in_flight, max_lag)
+                         in_flight, max_lag, batch)
     clocks[ctx.run] = clock
     key = (ctx.run, "impala", "clock")
     if resident(key, lambda: clock)[0] is not clock:  # an earlier attempt's, closed above
@@ -281,18 +286,18 @@ def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOu
 
 def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                  actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None,
-                 count: int = 1) -> LearnerOutput:
-    """Role ``learner``: ``count`` iterations of ``len(actors)`` updates, each on one batch
-    as it lands, run by the run's :class:`LearnerClock` on this worker.
+                 count: int = 1, batch: int = 1) -> LearnerOutput:
+    """Role ``learner``: ``count`` iterations of ``len(actors) / batch`` updates, each on
+    ``batch`` batches as they land, run by the run's :class:`LearnerClock` on this worker.
 
     Outside a Dask worker (``--scheduler sync``) the actors take turns in this process,
     each acting with the newest weights (lag 0).
     """
     if not on_worker():
-        return _in_turn(ctx, algo, learner_in, len(actors), count)
+        return _in_turn(ctx, algo, learner_in, len(actors), count, batch)
     client = get_client()
     secede()  # wait without holding a worker thread: rollouts may use it
-    clock, built = _clock(client, ctx, algo, learner_in, actors, in_flight, max_lag)
+    clock, built = _clock(client, ctx, algo, learner_in, actors, in_flight, max_lag, batch)
     history, state, ahead = clock.ask(ctx, count, actors)
     if ctx.iteration + count >= ctx.num_iterations:
         clock.close()
@@ -303,27 +308,29 @@ def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
 
 
 def _in_turn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, n: int,
-             count: int) -> LearnerOutput:
-    """The actors in turn, in this thread (no Dask worker)."""
+             count: int, batch: int = 1) -> LearnerOutput:
+    """The actors in turn, in this thread (no Dask worker); an update after every
+    ``batch`` of them."""
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
-    updates = learner_in.version * n
+    updates = learner_in.version * (n // batch)
     history: list[dict[str, Any]] = []
     for j in range(count):
         rec = IterationRecord(time.time())
-        for a in range(n):
+        for first in range(0, n, batch):
             current = LearnerOutput(updates, {}, learner.weights())
-            t0 = time.time()  # the learner waits while the actor steps, in this thread
-            actor_ctx = dataclasses.replace(ctx, replica=a, iteration=ctx.iteration + j,
-                                            gpu=0.0)
-            batch = free_rollout(actor_ctx, algo, current)
+            t0 = time.time()  # the learner waits while the actors step, in this thread
+            batches = [free_rollout(dataclasses.replace(ctx, replica=a, gpu=0.0,
+                                                        iteration=ctx.iteration + j),
+                                    algo, current) for a in range(first, first + batch)]
             t1 = time.time()
             rec.wait_s += t1 - t0
             rec.metrics = learner.update(
-                [batch], min(1.0, ctx.progress(ctx.iteration + j + a / n)))
+                batches, min(1.0, ctx.progress(ctx.iteration + j + first / n)))
             rec.update_s += time.time() - t1
             updates += 1
-            rec.record(batch["stats"], a, 0)
+            for a, b in zip(range(first, first + batch), batches, strict=True):
+                rec.record(b["stats"], a, 0)
         history.append(rec.finish(updates, n))
     holder["version"] = learner_in.version + count
     metrics = history[-1]
