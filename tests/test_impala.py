@@ -121,6 +121,8 @@ def test_actors_are_counted_against_what_the_workers_hold() -> None:
 
 
 def test_placement_keeps_actors_off_the_learner_and_sketch_shows_the_pipeline() -> None:
+    from dask.core import get_dependencies
+
     from daskrl.core.placement import plan_placement
 
     impala = load_graph(str(ROOT / "graphs" / "impala.py"))
@@ -133,6 +135,13 @@ def test_placement_keeps_actors_off_the_learner_and_sketch_shows_the_pipeline() 
     assert {f"rollout-{a}-it0-s{j}-run" for a in range(3) for j in range(3)} & keys
     assert {"update-v1-it0-run", "update-v3-it0-run", "publish-v3-it0-run"} <= keys
     assert sum(k.startswith("rollout-") for k in keys) == 3 * 2 + 3  # K each + one per batch
+    # with batch=3 one update takes the three batches
+    graph = get_distribution("impala:in_flight=2,apart=true,batch=3").sketch(
+        IterationInputs(algo, p, "run", 0, 0, 10, None))
+    updates = sorted(str(k) for k in dict(graph.dask) if str(k).startswith("update-"))
+    assert updates == ["update-v1-it0-run"]
+    deps = get_dependencies(dict(graph.dask), "update-v1-it0-run")
+    assert sum(str(d).startswith("rollout-") for d in deps) == 3
 
 
 def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:

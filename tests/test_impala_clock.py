@@ -55,12 +55,16 @@ def test_a_batch_staged_on_cuda_is_the_host_batch() -> None:
     assert torch.equal(ready["actions"].cpu(), torch.from_numpy(batch["actions"]))
 
 
-def _clock_position(run: str, dask_worker: Any = None) -> tuple[int, int, bool] | None:
+def _clock_position(run: str, dask_worker: Any = None
+                    ) -> tuple[int, int, bool, bool] | None:
+    """The clock's next iteration, its horizon, and whether its feeder and its learner
+    threads are alive."""
     objects = dask_worker.plugins[PLUGIN_NAME].objects
     clock = objects.get(("impala", "clocks"), {}).get(run)
     if clock is None:
         return None
-    return clock.iteration, clock.horizon, any(t.is_alive() for t in clock.threads)
+    feeder, learner = (t.is_alive() for t in clock.threads)
+    return clock.iteration, clock.horizon, feeder, learner
 
 
 def _wait(predicate: Any, what: str, timeout: float = 90.0) -> None:
@@ -90,7 +94,7 @@ class _Rig:
         return self.client.submit(impala_learn, ctx, self.algo, out, actors, 2, None, count,
                                   batch, workers=[self.home], pure=False).result(timeout=120)
 
-    def position(self) -> tuple[int, int, bool] | None:
+    def position(self) -> tuple[int, int, bool, bool] | None:
         return self.client.run(_clock_position, self.run, workers=[self.home])[self.home]
 
     def rollouts(self) -> list[str]:
@@ -112,7 +116,10 @@ def test_the_learner_runs_between_tasks_and_stops_a_bounded_way_ahead() -> None:
         bound = 2 + AHEAD
         _wait(lambda: (position() or (0,))[0] >= bound, f"the clock stood still: {position()}")
         time.sleep(1.0)
-        assert position() == (bound, bound, True)
+        assert position() == (bound, bound, True, True)
+        # its rollouts in flight are the run's tasks to the watchdog and the timeline
+        _wait(lambda: rig.rollouts(), "no rollouts in flight")
+        assert all(k.endswith("-clocktest") for k in rig.rollouts()), rig.rollouts()
         second = learn(first, 2, 2)
         assert second.version == 4 and second.metrics["learner_ahead"] == 2
         assert second.metrics["learner_worker"] == "w0"
@@ -123,7 +130,7 @@ def test_the_learner_runs_between_tasks_and_stops_a_bounded_way_ahead() -> None:
         last = learn(retry, 4, total - 4)
         assert last.version == total and len(last.history) == total - 5
         # the run's last task closes the clock: its threads end and its rollouts are let go
-        _wait(lambda: not position()[2], f"the clock's threads go on: {position()}")
+        _wait(lambda: not any(position()[2:]), f"the clock's threads go on: {position()}")
         _wait(lambda: not rig.rollouts(), "rollouts were left in flight")
 
 
@@ -138,10 +145,13 @@ def test_a_clock_that_reaches_the_end_of_the_run_ahead_still_serves_its_last_tas
         rig = _Rig(client, "clockend", total)
         position = rig.position
         first = rig.learn(rig.start, 0, 2)
-        _wait(lambda: position() == (total, total, False), f"the clock went on: {position()}")
+        # the feeder ends there; the learner thread waits for the last task (or IDLE_S)
+        _wait(lambda: position() == (total, total, False, True),
+              f"the clock went on: {position()}")
         _wait(lambda: not rig.rollouts(), "the actors went on after the run's last iteration")
         last = rig.learn(first, 2, 2)
         assert last.version == total and last.metrics["learner_ahead"] == 2
+        _wait(lambda: not any(position()[2:]), f"the clock's threads go on: {position()}")
 
 
 def test_closing_the_weights_channel_does_not_stall_the_clients_stream() -> None:

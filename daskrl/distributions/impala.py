@@ -251,8 +251,9 @@ class Impala(Distribution):
         """A static picture of the pipeline, for :mod:`daskrl.observe.render`.
 
         Each actor starts with ``in_flight`` rollouts on the published weights; batches are
-        drawn landing round-robin, each feeding one ``update``; each arrival submits that
-        actor's next rollout, which acts with the weights the update before it published.
+        drawn landing round-robin, every ``batch`` of them feeding one ``update``; each
+        arrival submits that actor's next rollout, which acts with the weights the update
+        before it published.
         """
         algo, place, k, run = inputs.algo, inputs.placement, inputs.iteration, inputs.run
         roll_res, learn_res = place.resources["rollout"], self._learner_resources(inputs)
@@ -272,10 +273,13 @@ class Impala(Distribution):
             for a in range(algo.num_actors):
                 rollout(a, published)
         update: Any = published
-        for v in range(1, algo.num_actors + 1):
-            a, batch = queue.pop(0)
-            rollout(a, published)
-            update = pinned(_placeholder, update, batch, resources=learn_res,
+        for v in range(1, algo.num_actors // self.batch + 1):
+            batches = []
+            for _ in range(self.batch):  # an update takes `batch` batches as they land
+                a, batch = queue.pop(0)
+                rollout(a, published)
+                batches.append(batch)
+            update = pinned(_placeholder, update, *batches, resources=learn_res,
                             key=f"update-v{v}-it{k}-{run}", worker=learner)
             published = pinned(_placeholder, update, resources=learn_res,
                                key=f"publish-v{v}-it{k}-{run}", worker=learner)

@@ -117,9 +117,10 @@ class LearnerClock:
         self.error: BaseException | None = None
         self.asked = time.monotonic()
         self.me = get_worker()
-        # a channel of its own: a closed clock's variables are deleted by a message that may
-        # reach the scheduler after this one set them
-        self.channel = f"{ctx.run}-{uuid.uuid4().hex[:8]}"
+        # a channel of its own: a closed clock's variables are emptied by a request that may
+        # reach the scheduler after this one set them. The run stays last: rollout keys end
+        # in the channel, and the watchdog and the timeline know a run's tasks by "-<run>"
+        self.channel = f"{uuid.uuid4().hex[:8]}-{ctx.run}"
         self.feeder = Feeder(self, client, ctx, algo, actors, in_flight, self.channel,
                              str(self.me.name), pick_device(ctx.gpu))
         self.pipe = self.feeder.pipe
@@ -254,11 +255,11 @@ class LearnerClock:
                 self.cond.notify_all()
             if it + 1 >= ctx.num_iterations:  # the run's last: stop the actors
                 # ... but stay open for the tasks not yet asked (the clock may run ahead to
-                # the end of the run); the task that takes the last iteration closes it
+                # the end of the run): the task that takes the last iteration closes it, and
+                # this thread waits at the horizon above until then (or IDLE_S)
                 with self.cond:
                     self.finished = True
                     self.cond.notify_all()
-                return
 
 
 def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
