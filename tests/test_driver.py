@@ -166,6 +166,9 @@ class FakeBackend:
     def as_input(self, handle: FakeHandle) -> Any:
         return delayed(handle.result, pure=False)()
 
+    def fetch(self, handle: FakeHandle, timeout: float) -> Any:
+        return handle.result(timeout)
+
     def done(self, handle: FakeHandle, timeout: float) -> bool:
         if handle.first in self.lose_at:
             if not self.lose_always:

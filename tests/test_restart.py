@@ -52,3 +52,31 @@ def test_max_restarts_is_refused_with_an_external_scheduler(tmp_path: Path) -> N
     code = main(["train", "graphs/ppo.py", "--scheduler", "tcp://127.0.0.1:1", "--max-restarts",
                  "1", "--out", str(tmp_path / "run")])
     assert code == 2
+
+
+def test_a_comm_closed_while_fetching_is_a_lost_scheduler_only_when_it_is_gone() -> None:
+    # the scheduler can go away between the driver's wait and its fetch: the fetch then
+    # fails with a closed comm, which must reach --max-restarts as a lost connection (it
+    # ended the run with a traceback); while the scheduler answers, it is the task's error
+    from distributed.comm.core import CommClosedError
+
+    from daskrl.cluster.local import local_cluster
+    from daskrl.runtime.dask_backend import DaskBackend
+
+    class Closed:
+        def result(self, timeout: float | None = None) -> None:
+            raise CommClosedError("in <TCP (closed) ConnectionPool.gather>: Stream is closed")
+
+    with local_cluster([{"CPU": 1}], processes=False,
+                       dashboard_address="127.0.0.1:0") as cluster:
+        client = Client(cluster)
+        try:
+            backend = DaskBackend(client)
+            with pytest.raises(CommClosedError):
+                backend.fetch(Closed(), 1.0)
+            cluster.sync(cluster.scheduler.close)
+            with pytest.raises(ConnectionError, match="lost the connection to the Dask "
+                                                      r"scheduler \(CommClosedError: .*--resume"):
+                backend.fetch(Closed(), 1.0)
+        finally:
+            client.close(timeout=2)

@@ -12,6 +12,7 @@ from typing import Any
 
 from dask.delayed import Delayed
 from distributed import Client, wait
+from distributed.comm.core import CommClosedError
 
 from daskrl.cluster.local import (
     scheduler_workers,
@@ -107,6 +108,21 @@ class DaskBackend:
         except TimeoutError:
             return False
         return True
+
+    def fetch(self, handle: Handle, timeout: float) -> Any:
+        """``handle.result(timeout)``. A comm that closed while the result was fetched
+        (the scheduler shut down between the wait and the fetch) is a ``ConnectionError``
+        when the scheduler no longer answers; when it does, it was the task's own error."""
+        try:
+            return handle.result(timeout=timeout)
+        except CommClosedError as exc:
+            try:
+                self.client.sync(self.client.scheduler.identity, callback_timeout=5)
+            except Exception:  # noqa: BLE001 - whatever the failure, it does not answer
+                raise ConnectionError(
+                    f"lost the connection to the Dask scheduler ({type(exc).__name__}: "
+                    f"{exc}): restart the run with --resume") from exc
+            raise
 
     def _check_connected(self) -> None:
         # A client whose scheduler connection broke would otherwise wait forever.

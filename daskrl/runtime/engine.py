@@ -55,6 +55,10 @@ class Backend(Protocol):
     def done(self, handle: Handle, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; whether ``handle`` has finished (or failed)."""
 
+    def fetch(self, handle: Handle, timeout: float) -> Any:
+        """``handle``'s value (``TimeoutError`` after ``timeout`` seconds). The task's own
+        error is raised as it is; losing the engine meanwhile is a ``ConnectionError``."""
+
     membership: Membership
     """Workers joining and leaving, as they are reported (no question asked per check)."""
 

@@ -187,7 +187,7 @@ class RunLoop:
             while not self.backend.done(handle, timeout=1.0):
                 self._check_pins()
             try:
-                return handle.result(timeout=fetch)
+                return self.backend.fetch(handle, fetch)
             except (TimeoutError, UnboundLocalError):
                 # UnboundLocalError: on an event loop too busy to answer in time (many thread
                 # workers' upkeep), distributed.utils.sync lets the wait's CancelledError pass

@@ -83,6 +83,10 @@ class SyncBackend:
         """Always finished: it ran at submission."""
         return True
 
+    def fetch(self, handle: Handle, timeout: float) -> Any:
+        """The finished value."""
+        return handle.result(timeout)
+
     def identities(self) -> dict[str, str]:
         """This process."""
         return {"local": "local"}
