@@ -77,7 +77,9 @@ def test_parts_add_up_to_the_iteration_wall_time_on_a_real_run(tmp_path: Path) -
     n = len(data["iteration_s"])
     idle = sum(data["time/transfer_s"][i] + data["time/idle_s"][i] for i in range(1, n))
     wall = sum(data["time/iteration_s"][i] for i in range(1, n))
-    assert summary["dask_overhead_share"] == pytest.approx(idle / wall, rel=1e-6)  # CSV digits
+    # metrics.csv keeps 6 significant digits per value, so the ratio of sums read back
+    # agrees to about 1e-6 (1.2e-6 seen once); another definition misses by far more
+    assert summary["dask_overhead_share"] == pytest.approx(idle / wall, rel=1e-5)
     assert f"Dask overhead share: {idle / wall:.1%}" in report(tmp_path)
     assert all(col in data for col in PARTS.values())
     # two workers: the second rollout's batch moves to the learner's worker every iteration
