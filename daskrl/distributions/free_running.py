@@ -55,14 +55,15 @@ def newest_weights(run: str, channel: str | None = None) -> tuple[int, Weights]:
     look-up of the version otherwise)."""
     client = get_client()
     channel = channel or run
+    closed = ChannelClosed(f"the learner of run {run} closed its weights channel {channel}")
     version = Variable(channel_name(channel, "version"), client=client).get(timeout=60)
     if version is None:
-        raise ChannelClosed(f"the learner of run {run} closed its weights channel {channel}")
+        raise closed
     cache, _ = resident((run, "impala", "weights", channel), dict)
     if cache.get("version") != version:
         future = Variable(channel_name(channel), client=client).get(timeout=60)
         if future is None:
-            raise ChannelClosed(f"the learner of run {run} closed its weights channel {channel}")
+            raise closed
         value = future.result(timeout=60)
         cache.update(version=value[0], value=value)
     return cache["value"]

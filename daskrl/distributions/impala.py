@@ -155,11 +155,10 @@ class Impala(Distribution):
         super().check(algo)
         n = algo.num_actors
         if n % self.batch:
-            fits = [k for k in range(1, n + 1) if n % k == 0]
             raise Unsupported(
                 f"impala:batch={self.batch} must divide --num-actors {n} (an iteration is "
-                f"one batch per actor): use batch={' or '.join(map(str, fits[:1] + fits[-1:]))}"
-                f", or --num-actors {n + self.batch - n % self.batch}")
+                f"one batch per actor): use batch=1 or {n}, or --num-actors "
+                f"{n + self.batch - n % self.batch}")
 
     def workers_wanted(self, algo: Algorithm) -> int:
         """One worker per actor, plus the learner's when ``apart``."""
