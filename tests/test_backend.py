@@ -81,6 +81,41 @@ def test_the_scheduler_reports_workers_leaving_and_joining_without_being_asked()
         assert events[-1] == {"action": "remove-worker", "worker": gone}
 
 
+def test_a_scatter_to_a_worker_that_died_is_a_lost_worker() -> None:
+    """Dead but still listed (the comm to it closes), then removed (an unknown address):
+    either way the driver gets ``WorkersLost``, which it recovers from, not Dask's error."""
+    import contextlib
+
+    from distributed.comm.core import CommClosedError
+
+    from daskrl.cluster.local import local_cluster
+    from daskrl.runtime.attempt import WorkersLost
+
+    cluster = local_cluster([{"CPU": 1}, {"CPU": 1}], dashboard_address=None)
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            backend = DaskBackend(client)
+            doomed, kept = sorted(backend.identities().items())
+            assert backend.scatter(7, doomed[1]).result(timeout=30) == 7
+            with contextlib.suppress(CommClosedError):  # it exits before it answers
+                client.run(os._exit, 1, workers=[doomed[1]])
+            failures = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with pytest.raises(WorkersLost, match=doomed[1]) as lost:
+                    backend.scatter(7, doomed[1])
+                failures.append(type(lost.value.__cause__).__name__)
+                if doomed[1] not in backend.identities().values():
+                    break
+            with pytest.raises(WorkersLost):  # removed by now: the scheduler has no such worker
+                backend.scatter(7, doomed[1])
+            assert backend.scatter(8, kept[1]).result(timeout=30) == 8  # the others go on
+            print("causes:", failures)
+    finally:
+        cluster.close()
+
+
 def test_scheduler_sync_trains_in_one_process(tmp_path) -> None:
     import json
     import subprocess

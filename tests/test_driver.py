@@ -28,7 +28,7 @@ from daskrl.distributions import Distribution, IterationInputs
 from daskrl.runtime.backend import Membership
 from daskrl.runtime.checkpoint import list_checkpoints
 from daskrl.runtime.driver import RunSettings, train
-from daskrl.runtime.run_loop import Phase, RunLoop
+from daskrl.runtime.run_loop import Phase, RunLoop, WorkersLost
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -116,7 +116,7 @@ class FakeBackend:
 
     ``lose_at``: iterations whose graph loses worker ``a`` while the driver waits for it
     (each once, or every time with ``lose_always``); ``fail_at``: iteration -> exception its
-    graph raises.
+    graph raises; ``scatter_lost_at``: versions whose scatter finds worker ``a`` dead (once).
     """
 
     name = "fake"
@@ -124,8 +124,10 @@ class FakeBackend:
 
     def __init__(self, names: tuple[str, ...] = ("a",), lose_at: tuple[int, ...] = (),
                  lose_always: bool = False,
-                 fail_at: Mapping[int, BaseException] | None = None) -> None:
+                 fail_at: Mapping[int, BaseException] | None = None,
+                 scatter_lost_at: tuple[int, ...] = ()) -> None:
         self.membership = Membership()
+        self.scatter_lost_at = set(scatter_lost_at)
         self.addresses = {name: f"fake://{name}-0" for name in names}
         self.lose_at, self.lose_always = set(lose_at), lose_always
         self.fail_at = dict(fail_at or {})
@@ -153,6 +155,10 @@ class FakeBackend:
         return {name: {"CPU": 4} for name in self.addresses}
 
     def scatter(self, value: Any, worker: str | None) -> Any:
+        if value.version in self.scatter_lost_at:
+            self.scatter_lost_at.discard(value.version)
+            self.lose("a")
+            raise WorkersLost(f"worker {worker} did not take the input sent to it")
         self.scattered.append(value)
         return value
 
@@ -284,6 +290,20 @@ def test_an_iteration_lost_with_a_worker_is_resubmitted_from_the_last_finished(t
     assert summary["env_steps"] == 10 * STEPS
     assert [args[0] for _, args in backend.everywhere] == [runs[0], runs[8]]
     assert "daskrl: iteration 6 lost" in capsys.readouterr().err
+
+
+def test_a_worker_lost_while_the_chain_restarts_is_recovered_from(tmp_path, capsys):
+    """The learner's worker can die as the driver sends it the chain's first input, when
+    nothing is in flight: the run places again and goes on from that input."""
+    backend, dist = FakeBackend(scatter_lost_at=(4,)), Counting()
+    train(backend, ALGO, dist, _settings(tmp_path, 12, lookahead=2, chain=4))
+    assert [s.version for s in backend.scattered] == [0, 4, 8]
+    runs = [g[2] for g in dist.graphs]
+    assert [g[0] for g in dist.graphs] == list(range(12))  # nothing was lost or redone
+    assert len(set(runs[:4])) == 1 and len(set(runs[4:])) == 1 and runs[0] != runs[4]
+    assert backend.identity_calls == 2  # pinned again on the restarted worker
+    _check_rows(tmp_path, 12)
+    assert "daskrl: iteration 5 lost (worker" in capsys.readouterr().err
 
 
 def test_recovery_gives_up_after_max_recoveries_and_keeps_the_last_iteration(tmp_path):

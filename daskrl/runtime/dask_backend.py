@@ -24,6 +24,7 @@ from daskrl.cluster.upkeep import advise
 from daskrl.core.fragment import Fragment
 from daskrl.core.worker_state import mark_driver_process
 from daskrl.core.worker_state import register as register_resident_state
+from daskrl.runtime.attempt import WorkersLost
 from daskrl.runtime.engine import Activity, Handle
 from daskrl.runtime.membership import MEMBERSHIP_TOPIC, Membership, MembershipPlugin
 from daskrl.runtime.scheduler_calls import (
@@ -83,8 +84,20 @@ class DaskBackend:
             return worker_resources(self.client)
 
     def scatter(self, value: Any, worker: str | None) -> Any:
-        """Send ``value`` to ``worker`` (a future with no lineage behind it)."""
-        return self.client.scatter(value, hash=False, workers=[worker] if worker else None)
+        """Send ``value`` to ``worker`` (a future with no lineage behind it).
+
+        A worker that dies under the scatter fails it in several ways, depending on when
+        the scheduler learns of it (a closed comm, an unknown name, no running worker in
+        2 s): each is :class:`~daskrl.runtime.attempt.WorkersLost` while the scheduler
+        answers, so the run places its fragments again, and a ``ConnectionError`` when it
+        does not.
+        """
+        try:
+            return self.client.scatter(value, hash=False, workers=[worker] if worker else None)
+        except (OSError, KeyError, ValueError) as exc:  # TimeoutError and comms are OSErrors
+            self._raise_if_scheduler_gone(exc)
+            raise WorkersLost(f"worker {worker or '(any)'} did not take the input sent to it "
+                              f"({type(exc).__name__}: {exc})") from exc
 
     def submit(self, graph: Delayed) -> Handle:
         """``client.compute``: annotations reach the scheduler."""
@@ -116,13 +129,17 @@ class DaskBackend:
         try:
             return handle.result(timeout=timeout)
         except CommClosedError as exc:
-            try:
-                self.client.sync(self.client.scheduler.identity, callback_timeout=5)
-            except Exception:  # noqa: BLE001 - whatever the failure, it does not answer
-                raise ConnectionError(
-                    f"lost the connection to the Dask scheduler ({type(exc).__name__}: "
-                    f"{exc}): restart the run with --resume") from exc
+            self._raise_if_scheduler_gone(exc)
             raise
+
+    def _raise_if_scheduler_gone(self, exc: BaseException) -> None:
+        """Raise a ``ConnectionError`` from ``exc`` when the scheduler does not answer."""
+        try:
+            self.client.sync(self.client.scheduler.identity, callback_timeout=5)
+        except Exception:  # noqa: BLE001 - whatever the failure, it does not answer
+            raise ConnectionError(
+                f"lost the connection to the Dask scheduler ({type(exc).__name__}: "
+                f"{exc}): restart the run with --resume") from exc
 
     def _check_connected(self) -> None:
         # A client whose scheduler connection broke would otherwise wait forever.

@@ -123,7 +123,11 @@ class RunLoop:
     def submit(self) -> Phase:
         """Fill the look-ahead window; then wait for its oldest graph, or finish."""
         while self._room():
-            self._submit_next()
+            try:
+                self._submit_next()
+            except LOST as exc:  # the learner's worker died as its input was sent
+                self.lost = exc
+                return Phase.RECOVERING
         if self.unchecked is not None:  # after the first window is queued: the workers go on
             self.backend.check_annotations(self.unchecked)
             self.unchecked = None
@@ -221,7 +225,7 @@ class RunLoop:
 
     def recover(self) -> Phase:
         """Drop what is in flight, place again, resubmit from the last finished iteration."""
-        lost_at = self.inflight[0].first
+        lost_at = self.inflight[0].first if self.inflight else self.next
         self.recoveries += 1
         self.in_a_row += 1
         why = " ".join(str(self.lost).split())  # Dask's cancellation reasons span lines
