@@ -15,6 +15,7 @@ import pytest
 import torch
 from distributed import Client
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
 from daskrl.core.placement import plan_placement
 from daskrl.core.resources import Resources
@@ -112,7 +113,7 @@ def test_a_killed_replay_worker_is_rebuilt_and_the_run_goes_on(client, tmp_path)
 
 
 def _address(client: Client, name: str) -> str:
-    return next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+    return next(a for a, w in scheduler_workers(client).items()
                 if w["name"] == name)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from distributed import Client, LocalCluster
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import configure_dask, worker_resources
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
@@ -59,7 +60,7 @@ def user_cluster(request: pytest.FixtureRequest) -> Iterator[Client]:
 def test_a_users_local_cluster_trains_ppo_through_scheduler_address(user_cluster, tmp_path):
     """Integer worker names declaring no resources, reached through ``--scheduler ADDRESS``
     from another process."""
-    names = {w["name"] for w in user_cluster.scheduler_info(n_workers=-1)["workers"].values()}
+    names = {w["name"] for w in scheduler_workers(user_cluster).values()}
     assert names == {0, 1}
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "daskrl.cli", "train", GRAPH, "--scheduler",
@@ -111,7 +112,7 @@ def nworkers_client(tmp_path: Path) -> Iterator[Client]:
 
 def test_dask_worker_nworkers_trains_ppo_through_a_client(nworkers_client, tmp_path,
                                                           cluster_tiny_ppo):
-    info = nworkers_client.scheduler_info(n_workers=-1)["workers"]
+    info = scheduler_workers(nworkers_client)
     assert {w["name"] for w in info.values()} == set(info)  # named by their addresses
     summary = train(nworkers_client, cluster_tiny_ppo(), get_distribution("actors-learner"),
                     _settings(tmp_path / "run"))

@@ -26,6 +26,7 @@ import psutil
 import pytest
 from distributed import Client
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.runtime.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.chaos
@@ -161,8 +162,7 @@ def _worker_pids(address: str) -> dict[str, int]:
     """Worker name -> pid of the process that runs its tasks, once both workers are up."""
     with Client(address, timeout=60) as client:
         client.wait_for_workers(2, timeout=120)
-        names = {addr: str(w["name"]) for addr, w in client.scheduler_info(n_workers=-1)
-                 ["workers"].items()}
+        names = {addr: str(w["name"]) for addr, w in scheduler_workers(client).items()}
         return {names[addr]: pid for addr, pid in client.run(os.getpid).items() if addr in names}
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.distributions import get_distribution
 from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.checkpoint import load_latest
@@ -259,10 +260,10 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
     assert isinstance(start, ClusterStart)
     cluster, client = start.take(workers=2)
     try:
-        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        info = scheduler_workers(client).values()
         assert sorted((w["name"], w["resources"]["CPU"]) for w in info) == [("w0", 1), ("w1", 1)]
         # w0 imports torch before any task of the run asks for it
-        w0 = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+        w0 = next(a for a, w in scheduler_workers(client).items()
                   if w["name"] == "w0")
         first = client.submit(lambda: "torch" in sys.modules, pure=False, workers=[w0])
         assert first.result(timeout=60) is True

@@ -22,6 +22,7 @@ from distributed import Client, get_task_stream
 from daskrl import Resources
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.networks import DiscreteActorCritic
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.distributions import IterationInputs, get_distribution
@@ -52,8 +53,7 @@ def ppo(**overrides):
 @contextlib.contextmanager
 def placements(client: Client):
     """Record ``{role prefix: {worker names}}`` of the tasks run inside the block."""
-    names = {addr: str(w["name"]) for addr, w in client.scheduler_info(n_workers=-1)["workers"]
-             .items()}
+    names = {addr: str(w["name"]) for addr, w in scheduler_workers(client).items()}
     where: dict[str, set[str]] = defaultdict(set)
     with get_task_stream(client) as ts:
         yield where

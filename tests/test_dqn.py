@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
@@ -203,7 +204,7 @@ def test_actors_learner_outputs_between_checkpoints_carry_no_replay():
 
 
 def _address(client: Client, name: str) -> str:
-    return next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+    return next(a for a, w in scheduler_workers(client).items()
                 if w["name"] == name)
 
 

@@ -16,6 +16,7 @@ from dask.utils import key_split
 from distributed import Client, Event
 
 from daskrl import Resources, plan_placement, task, task_key
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import worker_resources
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.runtime.driver import RunSettings, initial_output, train
@@ -36,7 +37,7 @@ def scheduler_view(client):
 
 def worker_addresses(client) -> dict[str, str]:
     """Worker name -> address, as the scheduler knows them now."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = scheduler_workers(client)
     return {str(w["name"]): addr for addr, w in info.items()}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import Unsupported, get_distribution
 from daskrl.distributions.base import IterationInputs
@@ -251,8 +252,7 @@ def test_killed_actor_worker_does_not_stop_the_learner(tmp_path: Path) -> None:
     try:
         with Client(address, timeout=60) as client:
             client.wait_for_workers(3, timeout=120)
-            names = {a: str(w["name"]) for a, w in client.scheduler_info(n_workers=-1)
-                     ["workers"].items()}
+            names = {a: str(w["name"]) for a, w in scheduler_workers(client).items()}
             pids = {names[a]: pid for a, pid in client.run(os.getpid).items()}
         iterations = 24
         train = _spawn([sys.executable, "-m", "daskrl.cli", "train", "graphs/impala.py",

@@ -15,6 +15,7 @@ from distributed import Client
 
 from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
 from daskrl.core.algorithm import LearnerOutput
 from daskrl.core.roles import TaskContext
@@ -84,7 +85,7 @@ class _Rig:
         learner = self.algo.make_learner(0, "cpu")
         self.start = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
         self.client, self.run, self.total = client, run, total
-        names = {str(w["name"]): a for a, w in client.scheduler_info()["workers"].items()}
+        names = {str(w["name"]): a for a, w in scheduler_workers(client).items()}
         self.home = names["w0"]
 
     def learn(self, out: LearnerOutput, first: int, count: int, batch: int = 1
@@ -170,7 +171,7 @@ def test_closing_the_weights_channel_does_not_stall_the_clients_stream() -> None
 
     with local_cluster([{"CPU": 1}], processes=False,
                        dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
-        address = next(iter(client.scheduler_info()["workers"]))
+        address = next(iter(scheduler_workers(client)))
         publisher = Publisher(client, "stalltest", address)
         publisher.publish_now(1, {"w": torch.zeros(3)})
         record = client.sync(client.scheduler.variable_get, name=channel_name("stalltest"),

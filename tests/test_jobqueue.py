@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from daskrl.cluster.forkserver import WORKER_MALLOC
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.jobqueue import (
     JobQueueSpec,
     add_jobqueue_flags,
@@ -139,7 +140,7 @@ def test_local_pools_advertise_resources_and_stop_their_processes(tmp_path):
                         gpu_jobs=1, log_directory=str(tmp_path), start_timeout="60s")
     cluster, client = start_pools(spec)
     try:
-        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        info = scheduler_workers(client).values()
         assert {w["name"]: w["resources"] for w in info} == {
             "cpu-0": {"CPU": 1}, "gpu-0": {"CPU": 1, "GPU": 1}}
         where = client.submit(os.getpid, resources={"GPU": 1}, pure=False)

@@ -25,6 +25,7 @@ import pytest
 from distributed import Client
 
 from daskrl.cli import main
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.jobqueue import (
     JobQueueSpec,
     make_jobqueue_cluster,
@@ -114,8 +115,7 @@ def test_ppo_trains_on_slurm_jobs_and_cancels_them(slurm_node, cluster_tiny_ppo,
         # each worker runs inside its own Slurm job
         env = client.run(lambda: (os.environ.get("SLURM_JOB_ID"),
                                   os.environ.get("SLURM_GPUS_ON_NODE")))
-        names = {addr: w["name"] for addr, w in client.scheduler_info(n_workers=-1)["workers"]
-                 .items()}
+        names = {addr: w["name"] for addr, w in scheduler_workers(client).items()}
         assert {names[addr]: job for addr, (job, _) in env.items()} == ids
         if gpus:
             assert [g for addr, (_, g) in env.items() if names[addr] == "gpu-0"] == ["1"]
@@ -268,6 +268,6 @@ def test_a_users_own_slurm_cluster_trains_ppo_through_daskrl_train(slurm_node, t
                                out=tmp_path / "run", progress=False, num_actors=2, num_envs=4,
                                num_steps=32, update_epochs=2, num_minibatches=2,
                                eval_episodes=2)
-            names = {w["name"] for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+            names = {w["name"] for w in scheduler_workers(client).values()}
     assert run.summary["iterations"] == 2 and run.summary["eval_return_mean"] > 0
     assert len(names) == 2

@@ -13,6 +13,7 @@ from typing import Protocol
 from dask.utils import parse_timedelta
 from distributed import Client
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.jobqueue_spec import JobQueueSpec
 
 logger = logging.getLogger("daskrl.cluster.jobqueue")
@@ -51,7 +52,7 @@ def wait_for_pools(client: Client, cluster: Pools, timeout: str | float | None =
     logs = cluster.spec.log_directory or "the batch system's default output files"
     checked = told = start
     while True:
-        info = client.scheduler_info(n_workers=-1)["workers"]
+        info = scheduler_workers(client)
         missing = wanted - {str(w["name"]) for w in info.values()}
         if not missing:
             return

@@ -23,6 +23,7 @@ from distributed import (
 )
 
 from daskrl.cluster.forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.upkeep import quiet_upkeep
 from daskrl.compat import serve_dashboard_on_demand
 from daskrl.core.worker_state import register
@@ -282,13 +283,6 @@ def connect(address: str, timeout: float = 10.0, security: Security | None = Non
         with contextlib.suppress(TimeoutError):
             client.wait_for_workers(1, timeout=workers_within)
     return client
-
-
-def scheduler_workers(client: Client, timeout: float = 30) -> dict[str, dict[str, Any]]:
-    """Worker address -> what the scheduler knows of it now (name, resources, memory limit),
-    asked afresh; a scheduler that does not answer within ``timeout`` s raises."""
-    return client.sync(client.scheduler.identity, n_workers=-1,
-                       callback_timeout=timeout)["workers"]
 
 
 def worker_id(name: Any, address: str) -> str:

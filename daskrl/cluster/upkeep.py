@@ -21,6 +21,8 @@ from typing import Any
 import dask
 from distributed import Client, Worker
 
+from daskrl.cluster.identity import scheduler_workers
+
 QUIET_UPKEEP: dict[str, Any] = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.tick.interval": "1s",
@@ -65,7 +67,7 @@ def upkeep_advice(client: Client, many: int = MANY_WORKERS) -> str | None:
     --------
     >>> upkeep_advice(client)  # doctest: +SKIP
     """
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = scheduler_workers(client)
     hosts = Counter(str(w.get("host")) for w in info.values())
     crowded_hosts = {h for h, n in hosts.items() if n >= many}
     if not crowded_hosts:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from distributed import Future, as_completed
 
+from daskrl.cluster.identity import scheduler_workers
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.roles import TaskContext
 from daskrl.distributions.base import step_key
@@ -111,7 +112,7 @@ class Feeder:
         """Move actors whose worker left to a live one (back home once it is back); their
         rollouts pinned to the lost worker are submitted again. True when any moved."""
         pipe, me = self.pipe, self.me
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        info = scheduler_workers(self.client)
         live = {str(w["name"]) for w in info.values()}
         addresses = {str(w["name"]): a for a, w in info.items()}
         restarted = {n for n, a in pipe.seen.items() if n in live and addresses[n] != a}

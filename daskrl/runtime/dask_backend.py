@@ -14,12 +14,8 @@ from dask.delayed import Delayed
 from distributed import Client, wait
 from distributed.comm.core import CommClosedError
 
-from daskrl.cluster.local import (
-    scheduler_workers,
-    worker_id,
-    worker_processes,
-    worker_resources,
-)
+from daskrl.cluster.identity import scheduler_workers
+from daskrl.cluster.local import worker_id, worker_processes, worker_resources
 from daskrl.cluster.upkeep import advise
 from daskrl.core.fragment import Fragment
 from daskrl.core.worker_state import mark_driver_process
