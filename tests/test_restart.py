@@ -60,23 +60,23 @@ def test_a_comm_closed_while_fetching_is_a_lost_scheduler_only_when_it_is_gone()
     # ended the run with a traceback); while the scheduler answers, it is the task's error
     from distributed.comm.core import CommClosedError
 
-    from daskrl.cluster.local import local_cluster
+    from daskrl.cluster.local import close_lost_cluster, local_cluster
     from daskrl.runtime.dask_backend import DaskBackend
 
     class Closed:
         def result(self, timeout: float | None = None) -> None:
             raise CommClosedError("in <TCP (closed) ConnectionPool.gather>: Stream is closed")
 
-    with local_cluster([{"CPU": 1}], processes=False,
-                       dashboard_address="127.0.0.1:0") as cluster:
-        client = Client(cluster)
-        try:
-            backend = DaskBackend(client)
-            with pytest.raises(CommClosedError):
-                backend.fetch(Closed(), 1.0)
-            cluster.sync(cluster.scheduler.close)
-            with pytest.raises(ConnectionError, match="lost the connection to the Dask "
-                                                      r"scheduler \(CommClosedError: .*--resume"):
-                backend.fetch(Closed(), 1.0)
-        finally:
-            client.close(timeout=2)
+    cluster = local_cluster([{"CPU": 1}], processes=False, dashboard_address="127.0.0.1:0")
+    client = Client(cluster)
+    try:
+        backend = DaskBackend(client)
+        with pytest.raises(CommClosedError):
+            backend.fetch(Closed(), 1.0)
+        cluster.sync(cluster.scheduler.close)
+        with pytest.raises(ConnectionError, match="lost the connection to the Dask "
+                                                  r"scheduler \(CommClosedError: .*--resume"):
+            backend.fetch(Closed(), 1.0)
+    finally:
+        client.close(timeout=2)
+        close_lost_cluster(cluster)

@@ -50,6 +50,26 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     })
 
 
+def close_lost_cluster(cluster: Any, connect_s: float = 2.0) -> None:
+    """Close a cluster whose scheduler is gone in seconds, not half a minute.
+
+    ``SpecCluster.close`` first asks the scheduler to retire its workers; with the scheduler
+    gone, that call retries its connection for ``distributed.comm.timeouts.connect`` (30 s
+    by default) before it gives up and closes the rest. A restart after a lost scheduler
+    waited that long for nothing; here the connection gets ``connect_s``.
+
+    Examples
+    --------
+    >>> cluster = local_cluster([{"CPU": 1}], processes=False, dashboard_address=None)
+    >>> cluster.sync(cluster.scheduler.close)  # the scheduler goes away under the cluster
+    >>> close_lost_cluster(cluster)
+    >>> cluster.status.name
+    'closed'
+    """
+    with dask.config.set({"distributed.comm.timeouts.connect": f"{connect_s}s"}):
+        cluster.close()
+
+
 def local_cluster(
     worker_resources: Sequence[Mapping[str, float]],
     threads_per_worker: int = 1,
