@@ -158,8 +158,12 @@ class DaskBackend:
                                   "--resume") from exc
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
-        """``client.run`` on every worker."""
-        self.client.run(fn, *args)
+        """``client.run`` on every worker. A worker that died since the scheduler last
+        listed it (its comm closed) is skipped: its process, and what ``fn`` would have
+        done there, is gone; an error ``fn`` raises on a live worker is raised."""
+        for result in self.client.run(fn, *args, on_error="return").values():
+            if isinstance(result, Exception) and not isinstance(result, OSError):
+                raise result
 
     def memory_limits(self) -> dict[str, int | None]:
         """Each worker's ``memory_limit`` as the scheduler sees it (0 is no limit)."""

@@ -66,7 +66,8 @@ class Backend(Protocol):
         """Worker name -> address now (a restarted worker keeps its name, not its address)."""
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Call ``fn(*args)`` in every worker process."""
+        """Call ``fn(*args)`` in every live worker process (one that died meanwhile is
+        skipped)."""
 
     def check_annotations(self, graph: Delayed) -> None:
         """Raise if the scheduler lost a task's resource annotation."""
