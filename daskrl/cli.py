@@ -85,7 +85,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
 
     from daskrl.cluster.jobqueue import describe, start_pools
     from daskrl.cluster.local import (
-        close_lost_cluster,
+        close_cluster,
         connect,
         default_worker_resources,
         local_cluster,
@@ -152,7 +152,6 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         raise UserError("--max-restarts starts the embedded cluster again: not with "
                         "--scheduler or --cluster (restart those yourself, then --resume)")
     cluster = client = None
-    lost = False  # the scheduler went away: closing the cluster need not wait for it
     try:
         if args.scheduler == "sync":
             backend: Any = SyncBackend()
@@ -190,7 +189,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                     """Close the lost embedded cluster; a new one's backend."""
                     nonlocal cluster, client
                     client.close()
-                    close_lost_cluster(cluster)
+                    close_cluster(cluster)
                     cluster = local_cluster(default_worker_resources(workers),
                                             security=args.tls)
                     client = Client(cluster)
@@ -203,15 +202,12 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         except (ValueError, FloatingPointError, FragmentError, RunStopped) as exc:
             raise UserError(str(exc)) from None
     except ConnectionError as exc:
-        lost = True
         raise UserError(str(exc)) from None
     finally:
         if client is not None:
             client.close()
-        if cluster is not None and lost:
-            close_lost_cluster(cluster)
-        elif cluster is not None:
-            cluster.close()
+        if cluster is not None:
+            close_cluster(cluster)  # without waiting 30 s for a scheduler that is gone
     keys = ("env_steps", "wall_s", "env_steps_per_s", "eval_return_mean")
     print(" ".join(f"{k}={summary[k]:.6g}" for k in keys if k in summary))
     print(f"wrote {out}/metrics.csv, {out}/summary.json, {out}/checkpoints/")

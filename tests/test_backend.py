@@ -121,10 +121,15 @@ def test_a_scatter_to_a_worker_that_died_is_a_lost_worker() -> None:
                 failures.append(type(lost.value.__cause__).__name__)
                 if doomed[1] not in backend.identities().values():
                     break
-            with pytest.raises(WorkersLost):  # removed by now: the scheduler has no such worker
+            assert doomed[1] not in backend.identities().values()
+            assert set(failures) <= {"CommClosedError", "KeyError"}, failures
+            with pytest.raises(WorkersLost) as lost:  # an address the scheduler no longer has
                 backend.scatter(7, doomed[1])
+            assert isinstance(lost.value.__cause__, KeyError)
+            with pytest.raises(WorkersLost) as lost:  # a name it does not have (placements
+                backend.scatter(7, "w9")  # pin names)
+            assert isinstance(lost.value.__cause__, ValueError)
             assert backend.scatter(8, kept[1]).result(timeout=30) == 8  # the others go on
-            print("causes:", failures)
     finally:
         cluster.close()
 

@@ -52,7 +52,10 @@ def wait_for_pools(client: Client, cluster: Pools, timeout: str | float | None =
     logs = cluster.spec.log_directory or "the batch system's default output files"
     checked = told = start
     while True:
-        info = scheduler_workers(client)
+        try:
+            info = scheduler_workers(client)
+        except OSError:  # a slow answer: ask again, under this wait's own limit
+            info = {}
         missing = wanted - {str(w["name"]) for w in info.values()}
         if not missing:
             return

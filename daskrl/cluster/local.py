@@ -17,6 +17,7 @@ from distributed import (
     LocalCluster,
     Security,
     SpecCluster,
+    Status,
     Worker,
     fire_and_forget,
     wait,
@@ -50,22 +51,27 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     })
 
 
-def close_lost_cluster(cluster: Any, connect_s: float = 2.0) -> None:
-    """Close a cluster whose scheduler is gone in seconds, not half a minute.
+def close_cluster(cluster: Any, connect_s: float = 2.0) -> None:
+    """Close a cluster started here; one whose scheduler is gone closes in seconds.
 
-    ``SpecCluster.close`` first asks the scheduler to retire its workers; with the scheduler
-    gone, that call retries its connection for ``distributed.comm.timeouts.connect`` (30 s
-    by default) before it gives up and closes the rest. A restart after a lost scheduler
-    waited that long for nothing; here the connection gets ``connect_s``.
+    ``SpecCluster.close`` ends by sending the scheduler a ``terminate``; with the scheduler
+    gone (a lost cluster about to be restarted), that connection retries for
+    ``distributed.comm.timeouts.connect`` (30 s by default) before the close goes on. Here
+    it gets ``connect_s``, through Dask's config (so for the length of the close any other
+    connection this process opens gets it too). A cluster whose scheduler, which runs in
+    this process, is still running closes as usual.
 
     Examples
     --------
     >>> cluster = local_cluster([{"CPU": 1}], processes=False, dashboard_address=None)
     >>> cluster.sync(cluster.scheduler.close)  # the scheduler goes away under the cluster
-    >>> close_lost_cluster(cluster)
+    >>> close_cluster(cluster)
     >>> cluster.status.name
     'closed'
     """
+    if cluster.scheduler.status == Status.running:
+        cluster.close()
+        return
     with dask.config.set({"distributed.comm.timeouts.connect": f"{connect_s}s"}):
         cluster.close()
 

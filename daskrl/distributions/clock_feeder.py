@@ -112,7 +112,10 @@ class Feeder:
         """Move actors whose worker left to a live one (back home once it is back); their
         rollouts pinned to the lost worker are submitted again. True when any moved."""
         pipe, me = self.pipe, self.me
-        info = scheduler_workers(self.client)
+        try:
+            info = scheduler_workers(self.client)
+        except OSError:  # a slow answer: nothing moves now, the next pass asks again
+            return False
         live = {str(w["name"]) for w in info.values()}
         addresses = {str(w["name"]): a for a, w in info.items()}
         restarted = {n for n, a in pipe.seen.items() if n in live and addresses[n] != a}

@@ -5,6 +5,7 @@ limits, activity, restarts) with a lost connection turned into one line saying h
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -83,14 +84,17 @@ class DaskBackend:
         """Send ``value`` to ``worker`` (a future with no lineage behind it).
 
         A worker that dies under the scatter fails it in several ways, depending on when
-        the scheduler learns of it (a closed comm, an unknown name, no running worker in
-        2 s): each is :class:`~daskrl.runtime.attempt.WorkersLost` while the scheduler
-        answers, so the run places its fragments again, and a ``ConnectionError`` when it
-        does not.
+        the scheduler learns of it: a closed comm (still listed), ``KeyError`` (an address
+        it no longer has), ``ValueError`` (a name it no longer has), ``TimeoutError`` (no
+        running worker within the client's connect timeout). Each is
+        :class:`~daskrl.runtime.attempt.WorkersLost` while the scheduler answers, so the
+        run places its fragments again; the message keeps Dask's error, and
+        ``--max-recoveries`` bounds the retries if it is something else. The scatter is a
+        ``ConnectionError`` when the scheduler does not answer.
         """
         try:
             return self.client.scatter(value, hash=False, workers=[worker] if worker else None)
-        except (OSError, KeyError, ValueError) as exc:  # TimeoutError and comms are OSErrors
+        except (OSError, asyncio.TimeoutError, KeyError, ValueError) as exc:
             self._raise_if_scheduler_gone(exc)
             raise WorkersLost(f"worker {worker or '(any)'} did not take the input sent to it "
                               f"({type(exc).__name__}: {exc})") from exc

@@ -44,7 +44,11 @@ class Backend(Protocol):
         """Worker name -> advertised resources."""
 
     def scatter(self, value: Any, worker: str | None) -> Any:
-        """Place ``value`` (near ``worker``) as an input for later graphs."""
+        """Place ``value`` (near ``worker``) as an input for later graphs.
+
+        Raises :class:`~daskrl.runtime.attempt.WorkersLost` when ``worker`` is gone (the
+        run places its fragments again), ``ConnectionError`` when the scheduler is.
+        """
 
     def submit(self, graph: Delayed) -> Handle:
         """Start computing a delayed graph."""

@@ -5,7 +5,9 @@ a small state machine (:class:`Phase`):
 
 ``SUBMITTING``
     Fill the look-ahead window with iteration graphs, each taking the previous one's
-    learner output as a future, so the scheduler never waits for the driver.
+    learner output as a future, so the scheduler never waits for the driver. A chain
+    starts from the driver's copy of the last output, sent to the learner's worker; that
+    worker found dead on the way leads to ``RECOVERING``.
 ``WAITING``
     Wait for the oldest graph in flight and record its iterations (metrics, checkpoint).
     A worker it needed leaving (reported by the scheduler, see
@@ -123,11 +125,15 @@ class RunLoop:
     def submit(self) -> Phase:
         """Fill the look-ahead window; then wait for its oldest graph, or finish."""
         while self._room():
-            try:
-                self._submit_next()
-            except LOST as exc:  # the learner's worker died as its input was sent
-                self.lost = exc
-                return Phase.RECOVERING
+            if not self.inflight:  # restart the chain from data: no lineage behind it
+                learner = self.attempt.placement.worker("learner", 0)
+                try:
+                    self.learner_in = self.backend.scatter(self.last_done, learner)
+                except LOST as exc:  # the learner's worker died as its input was sent
+                    self.lost = exc
+                    return Phase.RECOVERING
+                self.linked = 0
+            self._submit_next()
         if self.unchecked is not None:  # after the first window is queued: the workers go on
             self.backend.check_annotations(self.unchecked)
             self.unchecked = None
@@ -143,10 +149,6 @@ class RunLoop:
 
     def _submit_next(self) -> None:
         """Submit the graph of the next iterations, chained on the one before."""
-        if not self.inflight:  # restart the chain from data: no lineage behind it
-            learner = self.attempt.placement.worker("learner", 0)
-            self.learner_in = self.backend.scatter(self.last_done, learner)
-            self.linked = 0
         count = min(self.size.count, self.total - self.next)
         graph = self.distribution.iteration(self._inputs(self.next, count))
         handle = self.backend.submit(graph)
