@@ -19,7 +19,7 @@ _WHERE = {
     "Actor": "core.algorithm", "Algorithm": "core.algorithm", "Learner": "core.algorithm",
     "LearnerOutput": "core.algorithm", "Fragment": "core.fragment", "setting": "core.fragment",
     "Placement": "core.placement", "plan_placement": "core.placement", "task": "core.placement",
-    "task_key": "core.placement", "Resources": "core.resources",
+    "task_key": "core.keys", "Resources": "core.resources",
     "parse_resources": "core.resources", "resident": "core.worker_state",
     "Sizes": "core.sizes", "load_policy": "trained.load", "train": "api", "Run": "api",
 }
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from daskrl.api import Run, train
     from daskrl.core.algorithm import Actor, Algorithm, Learner, LearnerOutput
     from daskrl.core.fragment import Fragment, setting
-    from daskrl.core.placement import Placement, plan_placement, task, task_key
+    from daskrl.core.keys import task_key
+    from daskrl.core.placement import Placement, plan_placement, task
     from daskrl.core.resources import Resources, parse_resources
     from daskrl.core.sizes import Sizes
     from daskrl.core.worker_state import resident

@@ -12,18 +12,8 @@ from dask.delayed import Delayed, delayed
 
 from daskrl.core.failures import Call
 from daskrl.core.fragment import Fragment
+from daskrl.core.keys import task_key
 from daskrl.core.resources import Resources
-
-
-def task_key(role: str, replica: int, iteration: int, run: str) -> str:
-    """The key of one task, ``<role>-<replica>-it<k>-<run>``; the dashboard shows ``<role>``.
-
-    Examples
-    --------
-    >>> task_key("rollout", 3, 7, "1a2b3c4d")
-    'rollout-3-it7-1a2b3c4d'
-    """
-    return f"{role}-{replica}-it{iteration}-{run}"
 
 
 def task(

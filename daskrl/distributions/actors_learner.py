@@ -42,7 +42,8 @@ from dask.delayed import Delayed
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.fragment import Fragment
-from daskrl.core.placement import Placement, task, task_key
+from daskrl.core.keys import task_key
+from daskrl.core.placement import Placement, task
 from daskrl.core.resources import Resources
 from daskrl.core.roles import OutputState, TaskContext
 from daskrl.distributions.base import (

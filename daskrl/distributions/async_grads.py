@@ -30,11 +30,12 @@ from distributed import as_completed, get_worker, worker_client
 
 from daskrl.core.algorithm import Algorithm, GradientActor, LearnerOutput
 from daskrl.core.fragment import Fragment
+from daskrl.core.keys import step_key, version_key
 from daskrl.core.placement import task
 from daskrl.core.resources import Resources
 from daskrl.core.roles import TaskContext, merge_stats, resident_actor, resident_learner
 from daskrl.core.worker_state import worker_name
-from daskrl.distributions.base import Distribution, IterationInputs, Unsupported, pinned, step_key
+from daskrl.distributions.base import Distribution, IterationInputs, Unsupported, pinned
 
 
 def gradient(ctx: TaskContext, algo: Algorithm, weights: dict[str, torch.Tensor], version: int
@@ -217,7 +218,7 @@ class AsyncGradients(Distribution):
                 grad = pinned(_placeholder, made[used[a]], key=step_key("grad", a, k, j, run),
                               resources=grad_res, worker=place.worker("rollout", a), strict=False)
                 made.append(pinned(_placeholder, made[-1], grad, resources=learn_res,
-                                   key=f"apply-v{len(made)}-it{k}-{run}", worker=learner))
+                                   key=version_key("apply", len(made), k, run), worker=learner))
                 used[a] = len(made) - 1
         return task(_placeholder, made[-1], role="learner", replica=0, iteration=k, run=run,
                     resources=learn_res, worker=learner)

@@ -188,20 +188,6 @@ def chained(ctx: TaskContext, learner_in: LearnerOutput, count: int,
     return dataclasses.replace(out, history=history[:-1])
 
 
-def step_key(role: str, replica: int | str, iteration: int, step: int, run: str) -> str:
-    """Key of a task inside an iteration, ``<role>-<replica>-it<k>-s<step>-<run>``.
-
-    The dashboard groups it under ``<role>`` like the keys of
-    :func:`daskrl.core.placement.task_key`.
-
-    Examples
-    --------
-    >>> step_key("env", "1g0", 3, 5, "1a2b3c4d")
-    'env-1g0-it3-s5-1a2b3c4d'
-    """
-    return f"{role}-{replica}-it{iteration}-s{step}-{run}"
-
-
 def pinned(fn: Callable[..., Any], *args: Any, key: str, resources: Resources,
            worker: str | None, strict: bool = True) -> Delayed:
     """A delayed call with its key, resources and worker pin.

@@ -34,11 +34,12 @@ from daskrl.core.algorithm import (
 )
 from daskrl.core.envs import EnvStep
 from daskrl.core.fragment import Fragment
-from daskrl.core.placement import task, task_key
+from daskrl.core.keys import step_key, task_key
+from daskrl.core.placement import task
 from daskrl.core.roles import TaskContext
 from daskrl.core.worker_state import resident, worker_name
 from daskrl.distributions.actors_learner import colocated
-from daskrl.distributions.base import Distribution, IterationInputs, pinned, step_key, to_int
+from daskrl.distributions.base import Distribution, IterationInputs, pinned, to_int
 
 
 def unit_seed(ctx: TaskContext, unit: int) -> int:

@@ -25,8 +25,8 @@ from distributed import Future, as_completed
 
 from daskrl.cluster.identity import scheduler_workers
 from daskrl.core.algorithm import Algorithm
+from daskrl.core.keys import step_key
 from daskrl.core.roles import TaskContext
-from daskrl.distributions.base import step_key
 from daskrl.distributions.free_running import (
     MEMBERSHIP_S,
     POLL_S,

@@ -35,6 +35,7 @@ from dask.delayed import Delayed
 
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.fragment import Fragment
+from daskrl.core.keys import step_key
 from daskrl.core.placement import Placement, task
 from daskrl.core.resources import Resources
 from daskrl.core.roles import (
@@ -48,7 +49,6 @@ from daskrl.distributions.base import (
     IterationInputs,
     Unsupported,
     pinned,
-    step_key,
 )
 from daskrl.distributions.replica import (
     ReplicaUpdate,

@@ -64,6 +64,7 @@ from dask.delayed import Delayed
 
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.fragment import Fragment
+from daskrl.core.keys import step_key, version_key
 from daskrl.core.placement import Placement, task
 from daskrl.core.resources import Resources
 from daskrl.distributions.async_grads import waiting
@@ -72,7 +73,6 @@ from daskrl.distributions.base import (
     IterationInputs,
     Unsupported,
     pinned,
-    step_key,
     to_bool,
     to_int,
 )
@@ -258,7 +258,7 @@ class Impala(Distribution):
         roll_res, learn_res = place.resources["rollout"], self._learner_resources(inputs)
         learner = place.worker("learner", 0)
         published: Any = pinned(_placeholder, inputs.learner_in, resources=learn_res,
-                                key=f"publish-v0-it{k}-{run}", worker=learner)
+                                key=version_key("publish", 0, k, run), worker=learner)
         queue: list[tuple[int, Any]] = []
         rounds = dict.fromkeys(range(algo.num_actors), 0)
 
@@ -279,9 +279,9 @@ class Impala(Distribution):
                 rollout(a, published)
                 batches.append(batch)
             update = pinned(_placeholder, update, *batches, resources=learn_res,
-                            key=f"update-v{v}-it{k}-{run}", worker=learner)
+                            key=version_key("update", v, k, run), worker=learner)
             published = pinned(_placeholder, update, resources=learn_res,
-                               key=f"publish-v{v}-it{k}-{run}", worker=learner)
+                               key=version_key("publish", v, k, run), worker=learner)
         return task(_placeholder, published, *(d for _, d in queue), role="learner", replica=0,
                     iteration=k, run=run, resources=learn_res, worker=learner)
 

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput
 from daskrl.core.failures import Call, PeerLost
-from daskrl.core.placement import task_key
+from daskrl.core.keys import task_key
 from daskrl.core.roles import TaskContext
 from daskrl.distributions.base import chained
 from daskrl.distributions.torch_allreduce import ensure_group

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from daskrl.core.keys import in_iteration, of_runs, role_of, task_key
 from daskrl.observe.parts import finite
 
 _TRANSFER_ACTIONS = ("transfer", "deserialize", "disk-read", "disk-write")
@@ -38,7 +39,7 @@ def sweep(records: list[Mapping[str, Any]], start: float, stop: float
     """
     events: list[tuple[float, int, str]] = []
     for rec in records:
-        role = str(rec["key"]).split("-", 1)[0]
+        role = role_of(rec["key"])
         for ss in rec.get("startstops", ()):
             a, b = max(ss["start"], start), min(ss["stop"], stop)
             if b > a:
@@ -141,8 +142,7 @@ class Timeline:
             self.cursor, new = self.backend.task_stream(self.cursor)
         except Exception:  # noqa: BLE001 - profiling must never stop a run
             self.cursor, new = None, []
-        suffix = f"-{self.run}"
-        self.records += [r for r in new if str(r.get("key", "")).endswith(suffix)]
+        self.records += [r for r in new if of_runs(r.get("key", ""), [self.run])]
 
     def split(self, iteration: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         """The parts of iteration ``iteration`` (0-based) and ``time/iteration_s``.
@@ -167,7 +167,7 @@ class Timeline:
     def _window(self, iteration: int) -> tuple[float, float] | None:
         """From the previous learner task's end (or this iteration's first task) to this
         learner task's end, on the scheduler's clock."""
-        final = f"learner-0-it{iteration}-{self.run}"
+        final = task_key("learner", 0, iteration, self.run)
         ends = [ss["stop"] for r in self.records if r["key"] == final
                 for ss in r.get("startstops", ()) if ss["action"] == "compute"]
         if not ends:
@@ -175,8 +175,7 @@ class Timeline:
         stop = ends[-1]
         start = self.prev_end
         if start is None:
-            mark = f"-it{iteration}-"
-            starts = [ss["start"] for r in self.records if mark in str(r["key"])
+            starts = [ss["start"] for r in self.records if in_iteration(r["key"], iteration)
                       for ss in r.get("startstops", ()) if ss["action"] == "compute"]
             start = min(starts, default=stop)
         return start, stop

@@ -17,7 +17,7 @@ from dask.delayed import delayed
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.failures import Call
-from daskrl.core.placement import task_key
+from daskrl.core.keys import task_key
 from daskrl.distributions import IterationInputs
 from daskrl.runtime.attempt import LOST, Attempt
 from daskrl.runtime.checkpoint import best_score, save_best

@@ -16,6 +16,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskrl.cluster.local import worker_id
 from daskrl.compat import graph_annotations
+from daskrl.core.keys import role_of
 from daskrl.runtime.engine import Activity
 
 
@@ -39,7 +40,7 @@ class TaskClock(SchedulerPlugin):
             return
         for ss in kwargs.get("startstops") or ():
             if ss.get("action") == "compute":
-                role = str(key).split("-", 1)[0]
+                role = role_of(key)
                 self.recent.setdefault(role, deque(maxlen=self.keep)).append(
                     ss["stop"] - ss["start"])
 

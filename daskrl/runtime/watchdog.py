@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from daskrl.core.keys import of_runs, role_of
 from daskrl.runtime.backend import Activity, Backend
 
 FLOOR_S = 60.0
@@ -173,12 +174,11 @@ def find_hangs(activity: Activity, runs: Iterable[str], workers: Iterable[str],
     []
     """
     silent_bound = timeout if timeout is not None else floor
-    ends = tuple(f"-{run}" for run in runs)
     found: dict[str, Hang] = {}
     for key, (worker, seconds) in sorted(activity.running.items()):
-        if not key.endswith(ends) or worker in found:
+        if not of_runs(key, runs) or worker in found:
             continue  # another run's task
-        bound = bound_for(key.split("-", 1)[0], activity, timeout, floor)
+        bound = bound_for(role_of(key), activity, timeout, floor)
         if seconds > bound:
             quiet = activity.silent.get(worker, 0.0) > min(silent_bound, QUIET_S)
             found[worker] = Hang(worker, seconds, bound, key, silent=quiet)
