@@ -172,7 +172,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                 else:
                     cluster = local_cluster(default_worker_resources(workers), security=args.tls)
                     client = Client(cluster)
-            backend = DaskBackend(client)
+            backend = DaskBackend(client, scheduler=cluster.scheduler if cluster else None)
             print(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}",
                   file=sys.stderr)
         try:
@@ -194,7 +194,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                                             security=args.tls)
                     client = Client(cluster)
                     print(f"scheduler: {client.scheduler.address}", file=sys.stderr)
-                    return DaskBackend(client)
+                    return DaskBackend(client, scheduler=cluster.scheduler)
 
                 summary = train_with_restarts(backend, restart, algo, distribution, settings)
             else:

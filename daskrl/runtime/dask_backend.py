@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from dask.delayed import Delayed
-from distributed import Client, wait
+from distributed import Client, Scheduler, Status, wait
 from distributed.comm.core import CommClosedError
 
 from daskrl.cluster.identity import scheduler_workers
@@ -40,12 +40,18 @@ class DaskBackend:
     creation, so the scheduler must be able to import daskrl, as it already must to check
     annotations; prints :func:`~daskrl.cluster.upkeep.upkeep_advice`'s line when many
     workers share a process with Dask's per-worker upkeep on.
+
+    ``scheduler``: the cluster's scheduler when it runs in this process (an embedded
+    cluster). Once it has stopped, the connection counts as lost at the next wait, instead
+    of after the client's reconnection attempts and the next question's timeout (30 s
+    each), so ``--max-restarts`` starts the new cluster at once.
     """
 
     name = "distributed"
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, scheduler: Scheduler | None = None) -> None:
         self.client = client
+        self.scheduler = scheduler
         self.membership = Membership()
         mark_driver_process()  # thread workers of this process give its thread counts back
         client.subscribe_topic(MEMBERSHIP_TOPIC, self.membership.on_event)
@@ -146,6 +152,10 @@ class DaskBackend:
         if self.client.status in ("closing", "closed", "failed"):
             raise ConnectionError(f"lost the connection to the Dask scheduler "
                                   f"({self.client.status}): restart the run with --resume")
+        if self.scheduler is not None and self.scheduler.status != Status.running:
+            raise ConnectionError(f"the embedded Dask scheduler stopped "
+                                  f"({self.scheduler.status.name}): restart the run with "
+                                  "--resume")
 
     @contextmanager
     def _asking_scheduler(self) -> Iterator[None]:
