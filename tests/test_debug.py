@@ -176,17 +176,20 @@ def test_sigterm_stops_like_ctrl_c_with_a_checkpoint_and_no_workers_left(tmp_pat
     metrics = tmp_path / "run" / "metrics.csv"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) > 3):
-        assert proc.poll() is None and time.monotonic() < deadline
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no 3 iterations in 120 s (exit {proc.poll()}): "
+                        f"{proc.communicate()[1][-3000:]}")
         time.sleep(0.1)
     workers = psutil.Process(proc.pid).children(recursive=True)
     assert workers  # the embedded cluster's processes
     proc.terminate()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "the last finished iteration is checkpointed" in err
+    assert proc.returncode == 130, err[-3000:]
+    assert "the last finished iteration is checkpointed" in err, err[-3000:]
     assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
     gone, alive = psutil.wait_procs(workers, timeout=30)
-    assert not alive
+    assert not alive, [(p.pid, p.name(), p.cmdline()[-3:]) for p in alive]
 
 
 # --------------------------------------------------------------------------- one line each
