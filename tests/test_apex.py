@@ -15,10 +15,10 @@ import pytest
 import torch
 from distributed import Client
 
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
 from daskrl.core.placement import plan_placement
 from daskrl.core.resources import Resources
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.distributions.apex import epsilon_ladder

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from distributed import Client, LocalCluster
 
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import configure_dask, worker_resources
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
 

@@ -26,7 +26,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from daskrl.cluster.identity import scheduler_workers
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.runtime.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.chaos

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from daskrl.cluster.identity import scheduler_workers
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import get_distribution
 from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.checkpoint import load_latest

@@ -22,8 +22,8 @@ from distributed import Client, get_task_stream
 from daskrl import Resources
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.networks import DiscreteActorCritic
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.distributions.base import iterations_per_task

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train

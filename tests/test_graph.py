@@ -16,8 +16,8 @@ from dask.utils import key_split
 from distributed import Client, Event
 
 from daskrl import Resources, plan_placement, task, task_key
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import worker_resources
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.runtime.driver import RunSettings, initial_output, train
 

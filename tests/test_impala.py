@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cluster.identity import scheduler_workers
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import Unsupported, get_distribution
 from daskrl.distributions.base import IterationInputs

@@ -15,10 +15,10 @@ from distributed import Client
 
 from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import local_cluster
 from daskrl.core.algorithm import LearnerOutput
 from daskrl.core.roles import TaskContext
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.core.worker_state import PLUGIN_NAME
 from daskrl.distributions.learner_clock import AHEAD, impala_learn

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from daskrl.cluster.forkserver import WORKER_MALLOC
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.jobqueue import (
     JobQueueSpec,
     add_jobqueue_flags,
@@ -23,6 +22,7 @@ from daskrl.cluster.jobqueue import (
     spec_from_args,
     start_pools,
 )
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import get_distribution
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,13 +25,13 @@ import pytest
 from distributed import Client
 
 from daskrl.cli import main
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.jobqueue import (
     JobQueueSpec,
     make_jobqueue_cluster,
     start_pools,
     wait_for_pools,
 )
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train

@@ -13,8 +13,8 @@ from typing import Protocol
 from dask.utils import parse_timedelta
 from distributed import Client
 
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.jobqueue_spec import JobQueueSpec
+from daskrl.core.scheduler_workers import scheduler_workers
 
 logger = logging.getLogger("daskrl.cluster.jobqueue")
 

@@ -24,9 +24,9 @@ from distributed import (
 )
 
 from daskrl.cluster.forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.upkeep import quiet_upkeep
 from daskrl.compat import serve_dashboard_on_demand
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.worker_state import register
 
 DEFAULT_TIMEOUT = "30s"

@@ -21,7 +21,7 @@ from typing import Any
 import dask
 from distributed import Client, Worker
 
-from daskrl.cluster.identity import scheduler_workers
+from daskrl.core.scheduler_workers import scheduler_workers
 
 QUIET_UPKEEP: dict[str, Any] = {
     "distributed.worker.profile.enabled": False,

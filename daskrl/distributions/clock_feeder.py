@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 from distributed import Future, as_completed
 
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.keys import step_key
 from daskrl.core.roles import TaskContext
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions.free_running import (
     MEMBERSHIP_S,
     POLL_S,

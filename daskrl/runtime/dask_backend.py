@@ -15,10 +15,10 @@ from dask.delayed import Delayed
 from distributed import Client, Scheduler, Status, wait
 from distributed.comm.core import CommClosedError
 
-from daskrl.cluster.identity import scheduler_workers
 from daskrl.cluster.local import worker_id, worker_processes, worker_resources
 from daskrl.cluster.upkeep import advise
 from daskrl.core.fragment import Fragment
+from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.worker_state import mark_driver_process
 from daskrl.core.worker_state import register as register_resident_state
 from daskrl.runtime.attempt import WorkersLost
