@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +89,13 @@ def test_parts_add_up_to_the_iteration_wall_time_on_a_real_run(tmp_path: Path) -
     total = parts.pop("iteration")  # the driver's iteration_s, from the learner's own clock
     assert set(parts) == set(PARTS)
     assert all(v >= 0 for v in parts.values())
-    assert abs(sum(parts.values()) - total) <= 0.05 * total, (parts, total)
+    # the parts split the scheduler's window of each iteration (its task stream's clock)
+    window = statistics.fmean(data["time/iteration_s"][i] for i in range(1, n))
+    assert sum(parts.values()) == pytest.approx(window, rel=1e-3), (parts, window)
+    # which matches the learner's own clock up to the moves between tasks: 5 %, plus 10 ms
+    # of clock and dispatch jitter (iterations here are ~75 ms; a loaded clean-clone run
+    # once saw 5.6 ms)
+    assert abs(window - total) <= 0.05 * total + 0.01, (window, total)
     learn_own = [v for v in data["learn_s"][1:] if not math.isnan(v)]
     assert parts["learning"] == pytest.approx(sum(learn_own) / len(learn_own), rel=0.25)
 

@@ -75,12 +75,19 @@ def test_a_comm_closed_while_fetching_is_a_lost_scheduler_only_when_it_is_gone()
     client = Client(cluster)
     try:
         backend = DaskBackend(client)
-        with pytest.raises(CommClosedError):
-            backend.fetch(Closed(), 1.0)
+        embedded = DaskBackend(client, scheduler=cluster.scheduler)  # as the CLI makes it
+        for each in (backend, embedded):
+            with pytest.raises(CommClosedError):
+                each.fetch(Closed(), 1.0)
         cluster.sync(cluster.scheduler.close)
         with pytest.raises(ConnectionError, match="lost the connection to the Dask "
                                                   r"scheduler \(CommClosedError: .*--resume"):
             backend.fetch(Closed(), 1.0)
+        # knowing the scheduler, the loss is named the same whichever call shows it
+        for call in (lambda: embedded.fetch(Closed(), 1.0), embedded.identities):
+            with pytest.raises(ConnectionError, match=r"^the embedded Dask scheduler stopped "
+                                                      r"\(closed\): restart the run with"):
+                call()
     finally:
         client.close(timeout=2)
         started = time.monotonic()

@@ -140,22 +140,32 @@ class DaskBackend:
 
     def _raise_if_scheduler_gone(self, exc: BaseException) -> None:
         """Raise a ``ConnectionError`` from ``exc`` when the scheduler does not answer."""
+        if not self._embedded_running():
+            raise self._lost(f"{type(exc).__name__}: {exc}") from exc
         try:
             self.client.sync(self.client.scheduler.identity, callback_timeout=5)
         except Exception:  # noqa: BLE001 - whatever the failure, it does not answer
-            raise ConnectionError(
-                f"lost the connection to the Dask scheduler ({type(exc).__name__}: "
-                f"{exc}): restart the run with --resume") from exc
+            raise self._lost(f"{type(exc).__name__}: {exc}") from exc
 
     def _check_connected(self) -> None:
         # A client whose scheduler connection broke would otherwise wait forever.
-        if self.client.status in ("closing", "closed", "failed"):
-            raise ConnectionError(f"lost the connection to the Dask scheduler "
-                                  f"({self.client.status}): restart the run with --resume")
-        if self.scheduler is not None and self.scheduler.status != Status.running:
-            raise ConnectionError(f"the embedded Dask scheduler stopped "
-                                  f"({self.scheduler.status.name}): restart the run with "
-                                  "--resume")
+        if not self._embedded_running() or self.client.status in ("closing", "closed",
+                                                                     "failed"):
+            raise self._lost(self.client.status)
+
+    def _embedded_running(self) -> bool:
+        """False once the embedded scheduler (when there is one) has stopped."""
+        return self.scheduler is None or self.scheduler.status == Status.running
+
+    def _lost(self, why: str) -> ConnectionError:
+        """The error of a lost scheduler, which names an embedded one that stopped (however
+        the loss showed: a closed comm, a timeout, the client's status)."""
+        if not self._embedded_running():
+            assert self.scheduler is not None
+            why = f"the embedded Dask scheduler stopped ({self.scheduler.status.name})"
+        else:
+            why = f"lost the connection to the Dask scheduler ({why})"
+        return ConnectionError(f"{why}: restart the run with --resume")
 
     @contextmanager
     def _asking_scheduler(self) -> Iterator[None]:
@@ -167,9 +177,7 @@ class DaskBackend:
         except ConnectionError:
             raise
         except OSError as exc:
-            raise ConnectionError(f"lost the connection to the Dask scheduler "
-                                  f"({type(exc).__name__}: {exc}): restart the run with "
-                                  "--resume") from exc
+            raise self._lost(f"{type(exc).__name__}: {exc}") from exc
 
     def run_everywhere(self, fn: Callable[..., Any], *args: Any) -> None:
         """``client.run`` on every worker. A worker that died since the scheduler last
