@@ -54,7 +54,8 @@ class SimpleTagConfig:
     grid_threshold : int
         Team size above which ``"auto"`` uses the grid.
     compile : bool
-        Wrap the step kernels in ``torch.compile``.
+        Wrap the step kernels in ``torch.compile``. On one CPU core it made 25,000
+        environments of 4 agents 0.72x as fast as eager (``benchmarks/simple_tag.md``).
     chunk_elems : int
         Pair elements processed at once by the dense pass (bounds temporary memory).
 
