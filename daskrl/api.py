@@ -19,9 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from distributed import Client
+from distributed import Client, Scheduler, SpecCluster
 
-from daskrl.cluster.local import configure_dask, default_worker_resources, local_cluster
+from daskrl.cluster.local import (
+    close_cluster,
+    configure_dask,
+    default_worker_resources,
+    local_cluster,
+)
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.script import load_graph
 from daskrl.distributions import Distribution, get_distribution
@@ -39,8 +44,9 @@ class _StoppableBackend(DaskBackend):
     """The Dask backend, which ends the run when asked: the driver waits on :meth:`done`
     at least once a second, and on an exception checkpoints the last finished iteration."""
 
-    def __init__(self, client: Client, stop: threading.Event) -> None:
-        super().__init__(client)
+    def __init__(self, client: Client, stop: threading.Event,
+                 scheduler: Scheduler | None = None) -> None:
+        super().__init__(client, scheduler=scheduler)
         self.stop = stop
 
     def done(self, handle: Handle, timeout: float) -> bool:
@@ -58,7 +64,7 @@ class Run:
     """
 
     def __init__(self, out: Path, steps: int, client: Client,
-                 owned: tuple[Any, ...] = ()) -> None:
+                 owned: tuple[Client, SpecCluster] | tuple[()] = ()) -> None:
         self.out = out
         self.steps = steps
         self.client = client
@@ -69,7 +75,9 @@ class Run:
         self._thread: threading.Thread | None = None
 
     def _start(self, work: Callable[[Any], dict[str, Any]], wait: bool) -> Run:
-        backend = _StoppableBackend(self.client, self._stop)
+        # an embedded cluster's scheduler runs here: its stop is seen at once
+        backend = _StoppableBackend(self.client, self._stop,
+                                    scheduler=self._owned[1].scheduler if self._owned else None)
         self._thread = threading.Thread(target=self._train, args=(work, backend),
                                         name="daskrl-train", daemon=True)
         self._thread.start()
@@ -87,8 +95,10 @@ class Run:
         except BaseException as exc:  # noqa: BLE001 - kept for result()
             self.error = exc
         finally:
-            for thing in self._owned:
-                thing.close()
+            if self._owned:
+                client, cluster = self._owned
+                client.close()
+                close_cluster(cluster)  # without waiting 30 s for a scheduler that is gone
 
     @property
     def status(self) -> str:
@@ -229,7 +239,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     check_settings(settings)
     check_distribution(chosen, algo)
     configure_dask()  # in this process: no fused-away annotations, no task waiting forever
-    owned: tuple[Any, ...] = ()
+    owned: tuple[Client, SpecCluster] | tuple[()] = ()
     if client is None:
         workers = max(1, min(os.cpu_count() or 1, chosen.workers_wanted(algo)))
         cluster = local_cluster(default_worker_resources(workers))

@@ -55,7 +55,7 @@ class SimpleTagConfig:
         Team size above which ``"auto"`` uses the grid.
     compile : bool
         Wrap the step kernels in ``torch.compile``. On one CPU core it made 25,000
-        environments of 4 agents 0.72x as fast as eager (``benchmarks/simple_tag.md``).
+        environments of 4 agents 0.74x as fast as eager (medians) (``benchmarks/simple_tag.md``).
     chunk_elems : int
         Pair elements processed at once by the dense pass (bounds temporary memory).
 

@@ -1,4 +1,6 @@
-"""Every task key a distribution builds names its role first and its run last.
+"""Task keys name their role first and their run last: every key of each distribution's
+drawn iteration, and each builder of :mod:`daskrl.core.keys` (which the tasks submitted at
+run time, such as the IMPALA clock's rollouts, also use).
 
 The dashboard groups tasks by the text before the first dash (``dask.utils.key_split``);
 the watchdog and the timeline find a run's tasks by the key's end. A key built by hand

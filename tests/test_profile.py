@@ -89,7 +89,8 @@ def test_parts_add_up_to_the_iteration_wall_time_on_a_real_run(tmp_path: Path) -
     total = parts.pop("iteration")  # the driver's iteration_s, from the learner's own clock
     assert set(parts) == set(PARTS)
     assert all(v >= 0 for v in parts.values())
-    # the parts split the scheduler's window of each iteration (its task stream's clock)
+    # consistency: the parts split the scheduler's window of each iteration (its task
+    # stream's clock) with nothing left over or counted twice
     window = statistics.fmean(data["time/iteration_s"][i] for i in range(1, n))
     assert sum(parts.values()) == pytest.approx(window, rel=1e-3), (parts, window)
     # which matches the learner's own clock up to the moves between tasks: 5 %, plus 10 ms

@@ -9,7 +9,9 @@ Every task of a run has a key ``<role>-<what>-it<k>[-s<step>]-<run>``:
   channel is ``<uuid>-<run>``): only its end has to be the run's.
 
 Build keys with :func:`task_key`, :func:`step_key` and :func:`version_key`; read them
-with :func:`role_of`, :func:`of_runs` and :func:`in_iteration`.
+with :func:`role_of`, :func:`of_runs` and :func:`in_iteration` (on string keys: daskrl
+names every task it submits; only ``role_of`` also reads Dask's tuple keys). An
+evaluation's key carries the weights version in its ``it<k>`` slot.
 """
 
 from __future__ import annotations

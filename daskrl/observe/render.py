@@ -18,6 +18,7 @@ from dask.utils import key_split
 
 from daskrl.compat import graph_annotations
 from daskrl.core.fragment import Fragment
+from daskrl.core.keys import task_key
 from daskrl.core.placement import plan_placement
 from daskrl.core.roles import evaluate
 from daskrl.distributions import Distribution, IterationInputs, get_distribution
@@ -71,7 +72,7 @@ def _previous(iteration: int, worker: str | None) -> Delayed:
 
     with dask.annotate(workers=[worker] if worker else None):
         return delayed(_placeholder, pure=False)(
-            dask_key_name=f"learner-0-it{iteration - 1}-{_RUN}")
+            dask_key_name=task_key("learner", 0, iteration - 1, _RUN))
 
 
 def _placeholder() -> None:

@@ -183,14 +183,18 @@ class DaskBackend:
         """``client.run`` on every worker. A worker that died since the scheduler last
         listed it (its comm closed) is skipped: its process, and what ``fn`` would have
         done there, is gone; an error ``fn`` raises on a live worker is raised."""
-        for result in self.client.run(fn, *args, on_error="return").values():
+        with self._asking_scheduler():
+            results = self.client.run(fn, *args, on_error="return")
+        for result in results.values():
             if isinstance(result, Exception) and not isinstance(result, OSError):
                 raise result
 
     def memory_limits(self) -> dict[str, int | None]:
         """Each worker's ``memory_limit`` as the scheduler sees it (0 is no limit)."""
+        with self._asking_scheduler():
+            info = scheduler_workers(self.client)
         return {worker_id(w["name"], addr): int(w.get("memory_limit") or 0) or None
-                for addr, w in scheduler_workers(self.client).items()}
+                for addr, w in info.items()}
 
     def worker_processes(self) -> dict[str, str]:
         """Each worker's ``host:pid`` (:func:`~daskrl.cluster.local.worker_processes`)."""
@@ -202,10 +206,12 @@ class DaskBackend:
         transfers) from cursor ``since`` on; ``since=None`` starts recording and returns
         the current cursor with no records."""
         client = self.client
-        if since is None:
-            return client.sync(client.scheduler.get_task_stream_index, callback_timeout=30), []
-        records = client.sync(client.scheduler.get_task_stream, start_index=since,
-                              callback_timeout=30)
+        with self._asking_scheduler():
+            if since is None:
+                return client.sync(client.scheduler.get_task_stream_index,
+                                   callback_timeout=30), []
+            records = client.sync(client.scheduler.get_task_stream, start_index=since,
+                                  callback_timeout=30)
         return since + len(records), records
 
     watched = True
@@ -244,8 +250,9 @@ class DaskBackend:
         deadline = time.monotonic() + 10.0
         seen: dict[Any, dict[str, float]] = {}
         while final not in seen and time.monotonic() < deadline:  # the graph is still in transit
-            seen = self.client.run_on_scheduler(scheduler_restrictions,
-                                                   keys=[*expected, final])
+            with self._asking_scheduler():
+                seen = self.client.run_on_scheduler(scheduler_restrictions,
+                                                    keys=[*expected, final])
             if final not in seen:
                 time.sleep(0.01)
         for key, want in expected.items():

@@ -57,7 +57,8 @@ def train_with_restarts(backend: Backend, restart: Callable[[], Backend], algo: 
             if len(restarts) >= settings.max_restarts:
                 raise
             lost_at = time.monotonic()
-            why = " ".join(str(exc).split())
+            # the advice to resume by hand is what this does
+            why = " ".join(str(exc).split()).removesuffix(": restart the run with --resume")
             print(f"daskrl: {why}; starting a new cluster and resuming from the last checkpoint "
                   f"(restart {len(restarts) + 1} of {settings.max_restarts})", file=sys.stderr,
                   flush=True)

@@ -174,6 +174,7 @@ def find_hangs(activity: Activity, runs: Iterable[str], workers: Iterable[str],
     []
     """
     silent_bound = timeout if timeout is not None else floor
+    runs = tuple(runs)  # read once per key
     found: dict[str, Hang] = {}
     for key, (worker, seconds) in sorted(activity.running.items()):
         if not of_runs(key, runs) or worker in found:
