@@ -35,6 +35,11 @@ class ChannelClosed(RuntimeError):
     """A rollout asked for weights after its learner stopped publishing (it was cancelled as
     the learner's clock closed, and nobody waits for its result)."""
 
+    @classmethod
+    def of(cls, run: str, channel: str) -> ChannelClosed:
+        """The error for ``run``'s closed ``channel``."""
+        return cls(f"the learner of run {run} closed its weights channel {channel}")
+
 
 def channel_name(run: str, what: str = "weights") -> str:
     """The name of the :class:`distributed.Variable` that holds a run's newest weights
@@ -55,15 +60,14 @@ def newest_weights(run: str, channel: str | None = None) -> tuple[int, Weights]:
     look-up of the version otherwise)."""
     client = get_client()
     channel = channel or run
-    closed = ChannelClosed(f"the learner of run {run} closed its weights channel {channel}")
     version = Variable(channel_name(channel, "version"), client=client).get(timeout=60)
     if version is None:
-        raise closed
+        raise ChannelClosed.of(run, channel)
     cache, _ = resident((run, "impala", "weights", channel), dict)
     if cache.get("version") != version:
         future = Variable(channel_name(channel), client=client).get(timeout=60)
         if future is None:
-            raise closed
+            raise ChannelClosed.of(run, channel)
         value = future.result(timeout=60)
         cache.update(version=value[0], value=value)
     return cache["value"]
