@@ -33,7 +33,7 @@ def test_every_key_names_its_role_first_and_its_run_last(graph, distribution):
     assert len(keys) > 1
     for key in keys:
         assert role_of(key) == key_split(key), key  # what the dashboard groups it under
-        assert of_runs(key, ["run"]) and not of_runs(key, ["other"]), key
+        assert of_runs(["run"])(key) and not of_runs(["other"])(key), key
     # every task but the previous iteration's stand-in belongs to iteration 3
     assert {k for k in keys if not in_iteration(k, 3)} == {"learner-0-it2-run"}
 
@@ -43,5 +43,5 @@ def test_the_builders_agree_with_the_readers():
     for key in (task_key("learner", 0, 7, run), step_key("rollout", 1, 7, 4, run),
                 version_key("publish", 3, 7, run)):
         assert role_of(key) == key_split(key) == key.split("-")[0]
-        assert of_runs(key, ["ab12cd34"]) and in_iteration(key, 7)
-        assert not of_runs(key, ["0f3e2a1b"]) and not in_iteration(key, 17)
+        assert of_runs(["ab12cd34"])(key) and in_iteration(key, 7)
+        assert not of_runs(["0f3e2a1b"])(key) and not in_iteration(key, 17)

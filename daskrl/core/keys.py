@@ -16,7 +16,7 @@ evaluation's key carries the weights version in its ``it<k>`` slot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 def task_key(role: str, replica: int, iteration: int, run: str) -> str:
@@ -65,17 +65,20 @@ def role_of(key: object) -> str:
     return str(text).split("-", 1)[0]
 
 
-def of_runs(key: object, runs: Iterable[str]) -> bool:
-    """Whether ``key`` is a task of one of ``runs`` (its run id is the key's end).
+def of_runs(runs: Iterable[str]) -> Callable[[object], bool]:
+    """Whether a key is a task of one of ``runs`` (its run id is the key's end): a test
+    made once for a stream of keys.
 
     Examples
     --------
-    >>> of_runs("rollout-0-it2-s1-0f3e2a1b-ab12cd34", ["ab12cd34"])
-    True
-    >>> of_runs("learner-0-it2-ab12cd34", ["cd34"])  # a run id is a whole part
+    >>> mine = of_runs(["ab12cd34"])
+    >>> mine("rollout-0-it2-s1-0f3e2a1b-ab12cd34"), mine("learner-0-it2-ab12cd34")
+    (True, True)
+    >>> of_runs(["cd34"])("learner-0-it2-ab12cd34")  # a run id is a whole part
     False
     """
-    return str(key).endswith(tuple(f"-{run}" for run in runs))
+    ends = tuple(f"-{run}" for run in runs)
+    return lambda key: str(key).endswith(ends)
 
 
 def in_iteration(key: object, iteration: int) -> bool:

@@ -142,7 +142,8 @@ class Timeline:
             self.cursor, new = self.backend.task_stream(self.cursor)
         except Exception:  # noqa: BLE001 - profiling must never stop a run
             self.cursor, new = None, []
-        self.records += [r for r in new if of_runs(r.get("key", ""), [self.run])]
+        mine = of_runs([self.run])
+        self.records += [r for r in new if mine(r.get("key", ""))]
 
     def split(self, iteration: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         """The parts of iteration ``iteration`` (0-based) and ``time/iteration_s``.

@@ -174,10 +174,10 @@ def find_hangs(activity: Activity, runs: Iterable[str], workers: Iterable[str],
     []
     """
     silent_bound = timeout if timeout is not None else floor
-    runs = tuple(runs)  # read once per key
+    mine = of_runs(runs)
     found: dict[str, Hang] = {}
     for key, (worker, seconds) in sorted(activity.running.items()):
-        if not of_runs(key, runs) or worker in found:
+        if not mine(key) or worker in found:
             continue  # another run's task
         bound = bound_for(role_of(key), activity, timeout, floor)
         if seconds > bound:
