@@ -28,6 +28,7 @@ from daskrl.cluster.local import (
     local_cluster,
 )
 from daskrl.core.algorithm import Algorithm
+from daskrl.core.failures import StopAsked
 from daskrl.core.script import load_graph
 from daskrl.distributions import Distribution, get_distribution
 from daskrl.runtime.dask_backend import DaskBackend
@@ -36,7 +37,7 @@ from daskrl.runtime.driver import train as train_run
 from daskrl.runtime.engine import Handle
 
 
-class StopRequested(Exception):
+class StopRequested(StopAsked):
     """Raised inside a run that :meth:`Run.stop` ends (after its checkpoint is written)."""
 
 

@@ -92,6 +92,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
     )
     from daskrl.core.failures import FragmentError, RunStopped
     from daskrl.distributions import get_distribution
+    from daskrl.observe.board_feed import page_line
     from daskrl.runtime.backend import DaskBackend, SyncBackend
     from daskrl.runtime.driver import (
         RunSettings,
@@ -175,6 +176,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
             backend = DaskBackend(client, scheduler=cluster.scheduler if cluster else None)
             print(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}",
                   file=sys.stderr)
+            print(page_line(client.dashboard_link), file=sys.stderr)
         try:
             if args.report is not None and client is not None:
                 from distributed import performance_report

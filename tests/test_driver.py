@@ -137,6 +137,7 @@ class FakeBackend:
         self.identity_calls = 0
         self.checked: list[Delayed] = []
         self.everywhere: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.published: list[tuple[str, Any]] = []
 
     def in_flight(self) -> int:
         return sum(h.status == "pending" for h in self.handles)
@@ -195,6 +196,9 @@ class FakeBackend:
 
     def memory_limits(self) -> dict[str, int | None]:
         return dict.fromkeys(self.addresses)
+
+    def publish(self, topic: str, msg: Any) -> None:
+        self.published.append((topic, msg))
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         return 0, []

@@ -28,6 +28,7 @@ from daskrl.cluster.upkeep import quiet_upkeep
 from daskrl.compat import serve_dashboard_on_demand
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.worker_state import register
+from daskrl.observe.board import board_settings
 
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
@@ -39,7 +40,9 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
     with ``NoValidWorkerError`` instead of waiting forever; low-level fusion stays off
     because fused delayed tasks lose their resource annotations. Nanny-started workers get
     :data:`~daskrl.cluster.forkserver.WORKER_MALLOC` in their environment and
-    :data:`~daskrl.cluster.forkserver.WORKER_DASK_ENV` in their config.
+    :data:`~daskrl.cluster.forkserver.WORKER_DASK_ENV` in their config. A scheduler
+    started here also serves the dashboard's daskrl page
+    (:func:`~daskrl.observe.board.board_settings`).
     """
     # a worker process takes its nanny's config, not its environment
     dask.config.update(dask.config.config, dask.config.collect_env(
@@ -48,6 +51,7 @@ def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
         "distributed.scheduler.no-workers-timeout": no_workers_timeout,
         "optimization.fuse.delayed": False,
         "distributed.nanny.pre-spawn-environ": worker_environ(),
+        **board_settings(dask.config.get("distributed.scheduler.http.routes")),
     })
 
 

@@ -107,6 +107,11 @@ class PeerLost(ConnectionError):
     lost): the driver resubmits as it does when it sees a worker leave."""
 
 
+class StopAsked(Exception):
+    """Raised inside a run its caller asked to stop (``Run.stop`` from Python): like Ctrl-C,
+    the run ends as stopped, with a checkpoint, not as failed."""
+
+
 class RunStopped(RuntimeError):
     """The run stopped for a reason its message states in one line (a writer that failed,
     a hang past the recoveries allowed); the last good checkpoint is kept."""

@@ -21,6 +21,7 @@ from daskrl.core.fragment import Fragment
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.worker_state import mark_driver_process
 from daskrl.core.worker_state import register as register_resident_state
+from daskrl.observe.board_plugin import RunBoard
 from daskrl.runtime.attempt import WorkersLost
 from daskrl.runtime.engine import Activity, Handle
 from daskrl.runtime.membership import MEMBERSHIP_TOPIC, Membership, MembershipPlugin
@@ -37,9 +38,11 @@ class DaskBackend:
     """A ``distributed.Client``: tasks run on the cluster's workers.
 
     Subscribes to the scheduler's membership reports (:class:`MembershipPlugin`) on
-    creation, so the scheduler must be able to import daskrl, as it already must to check
-    annotations; prints :func:`~daskrl.cluster.upkeep.upkeep_advice`'s line when many
-    workers share a process with Dask's per-worker upkeep on.
+    creation and registers the dashboard page's plugin
+    (:class:`~daskrl.observe.board_plugin.RunBoard`), so the scheduler must be able to
+    import daskrl, as it already must to check annotations; prints
+    :func:`~daskrl.cluster.upkeep.upkeep_advice`'s line when many workers share a process
+    with Dask's per-worker upkeep on.
 
     ``scheduler``: the cluster's scheduler when it runs in this process (an embedded
     cluster). Once it has stopped, the connection counts as lost at the next wait, instead
@@ -58,6 +61,7 @@ class DaskBackend:
         with self._asking_scheduler():
             client.register_plugin(MembershipPlugin())
             client.register_plugin(TaskClock())
+            client.register_plugin(RunBoard())  # the dashboard's daskrl page
             self._await_subscription()
             register_resident_state(client)  # once per cluster: a no-op when it has it
             advise(client)  # many thread workers with Dask's upkeep on: say what slows them
@@ -238,6 +242,10 @@ class DaskBackend:
         """Restart ``name`` through its nanny, or remove it from the scheduler."""
         with self._asking_scheduler():
             return self.client.run_on_scheduler(scheduler_restart, name=name, timeout=timeout)
+
+    def publish(self, topic: str, msg: Any) -> None:
+        """``Client.log_event``: the scheduler's plugins hear it (``log_event`` hook)."""
+        self.client.log_event(topic, msg)
 
     def check_annotations(self, graph: Delayed) -> None:
         """Compare the scheduler's resource restrictions with the graph's annotations.

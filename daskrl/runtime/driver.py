@@ -22,6 +22,7 @@ from daskrl.core.failures import (
     FragmentError,
     FragmentTypeError,
     RunStopped,
+    StopAsked,
     failure,
     save_failure,
 )
@@ -29,6 +30,7 @@ from daskrl.core.placement import task
 from daskrl.core.weights import weights_sha256
 from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
+from daskrl.observe.board_feed import RunFeed
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.timeline import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
@@ -196,10 +198,46 @@ def train(
     settings = dataclasses.replace(settings, schedule=(schedule["start"], schedule["at"]),
                                    meta={**settings.meta, "schedule": schedule})
     attempt = Attempt.begin(backend, algo, distribution, placement, settings)
-    recorder = Recorder(out, total, first, counters, resume=settings.resume,
-                        tensorboard=settings.tensorboard, progress=settings.progress,
-                        timeline=Timeline(backend, attempt.run))
-    loop = RunLoop(backend, algo, distribution, settings, attempt, recorder, start, first, total)
+    feed = RunFeed(backend.publish, attempt.run, board_meta(settings, algo, distribution, total))
+    try:
+        recorder = Recorder(out, total, first, counters, resume=settings.resume,
+                            tensorboard=settings.tensorboard, progress=settings.progress,
+                            timeline=Timeline(backend, attempt.run), feed=feed)
+        loop = RunLoop(backend, algo, distribution, settings, attempt, recorder, start, first,
+                       total)
+        summary = _run(backend, algo, distribution, settings, loop, total)
+    except BaseException as exc:
+        # Ctrl-C, SIGTERM and Run.stop end a run as stopped; anything else, as failed
+        feed.end("stopped" if isinstance(exc, StopAsked) or not isinstance(exc, Exception)
+                 else "failed")
+        raise
+    feed.end("finished")
+    return summary
+
+
+def board_meta(settings: RunSettings, algo: Algorithm, distribution: Distribution,
+               total: int) -> dict[str, Any]:
+    """What the dashboard's daskrl page says of a run besides its figures.
+
+    Examples
+    --------
+    >>> algo = Algorithm("ppo", print, print, print, num_steps=8)
+    >>> from daskrl.distributions import get_distribution
+    >>> board_meta(RunSettings(Path("runs/ppo-1"), meta={"graph": "graphs/ppo.py"}), algo,
+    ...            get_distribution("single"), 10)["graph"]
+    'ppo'
+    """
+    graph = settings.meta.get("graph")
+    return {"name": settings.out.name, "out": str(settings.out.resolve()),
+            "graph": Path(graph).stem if isinstance(graph, str) else algo.name,
+            "algorithm": algo.name, "distribution": distribution.name, "iterations": total,
+            "seed": settings.seed}
+
+
+def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings: RunSettings,
+         loop: RunLoop, total: int) -> dict[str, Any]:
+    """Run the iterations, checkpoint, evaluate and write the summary."""
+    out, recorder = settings.out, loop.recorder
     try:
         loop.run()
     except BaseException as exc:  # Ctrl-C, SIGTERM or an error: keep the last good iteration
@@ -218,6 +256,10 @@ def train(
     summary = _summary(settings, algo, distribution, loop)
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
+        if "eval_return_mean" in summary and recorder.feed is not None:
+            # the final evaluation (in the summary, not in metrics.csv), on the page too
+            recorder.feed.row({"env_steps": recorder.env_steps, "eval_iteration": total,
+                               "eval_return_mean": summary["eval_return_mean"]})
     for run in loop.attempts():
         backend.run_everywhere(drop_run, run)
     write_summary(out / "summary.json", summary)

@@ -98,6 +98,10 @@ class Backend(Protocol):
     def restart_worker(self, name: str, timeout: float) -> str:
         """Stop worker ``name`` (its nanny starts it again; without one it is removed)."""
 
+    def publish(self, topic: str, msg: Any) -> None:
+        """Send a small message to the scheduler's plugins (the run's page on the
+        dashboard, :mod:`daskrl.observe.board`); nowhere when there is no scheduler."""
+
 
 @dataclass(frozen=True)
 class Activity:

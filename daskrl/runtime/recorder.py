@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from daskrl.core.algorithm import LearnerOutput
+from daskrl.observe.board_feed import RunFeed
 from daskrl.observe.metrics import MetricsWriter
 from daskrl.observe.parts import finite, overhead_seconds
 from daskrl.observe.timeline import Timeline
@@ -31,6 +32,8 @@ class Recorder:
         Also write TensorBoard events; show a progress bar.
     timeline : Timeline, optional
         Splits each iteration's time using Dask's task stream.
+    feed : RunFeed, optional
+        Also sends each row to the scheduler, for the dashboard's daskrl page.
 
     Examples
     --------
@@ -45,8 +48,8 @@ class Recorder:
 
     def __init__(self, out: Path, total: int, start: int, counters: dict, *,
                  resume: bool = False, tensorboard: bool = True, progress: bool = False,
-                 timeline: Timeline | None = None) -> None:
-        self.timeline = timeline
+                 timeline: Timeline | None = None, feed: RunFeed | None = None) -> None:
+        self.timeline, self.feed = timeline, feed
         self.writer = MetricsWriter(out / "metrics.csv", resume_after=start if resume else None,
                                     tensorboard=tensorboard)
         self.env_steps = int(counters.get("env_steps", 0))
@@ -86,7 +89,7 @@ class Recorder:
                 wall, overhead = overhead_seconds(row)
                 self.iteration_sum += wall
                 self.overhead_sum += overhead
-            self.writer.write(row)
+            self._write(row)
         if self.bar is not None:
             m = output.metrics
             self.bar.update(len(rows))
@@ -125,8 +128,14 @@ class Recorder:
         """Write what is attached and no iteration row took, as a row of its own (its
         ``iteration`` cell empty: no iteration is recorded twice)."""
         if self.attached:
-            self.writer.write({"env_steps": self.env_steps, **self.attached})
+            self._write({"env_steps": self.env_steps, **self.attached})
             self.attached = {}
+
+    def _write(self, row: dict[str, Any]) -> None:
+        """To ``metrics.csv`` (and TensorBoard), then to the dashboard's page."""
+        self.writer.write(row)
+        if self.feed is not None:
+            self.feed.row(row)
 
     def overhead_share(self) -> float:
         """``summary.json``'s ``dask_overhead_share``: the share of wall time in which no

@@ -121,5 +121,8 @@ class SyncBackend:
         """This process is the only worker: it is not restarted."""
         raise RuntimeError("the synchronous scheduler has no worker to restart")
 
+    def publish(self, topic: str, msg: Any) -> None:
+        """No scheduler, no dashboard: the message goes nowhere."""
+
     def check_annotations(self, graph: Delayed) -> None:
         """Nothing to check: no scheduler places tasks."""
