@@ -45,8 +45,9 @@ PAGES = {
     "graph": "/graph",
     "progress": "/individual-progress",
     "workers": "/workers",
+    "rl": "/daskrl",
 }
-"""Picture name -> dashboard path."""
+"""Picture name -> dashboard path (``rl``: daskrl's own page, ``docs/howto/dashboard.md``)."""
 
 DRAWN = """() => {
   if (!window.Bokeh || !Bokeh.documents || Bokeh.documents.length === 0) return false;
@@ -62,6 +63,10 @@ DRAWN = """() => {
   return false;
 }"""
 """True once every Bokeh root view has rendered and a data source has visible rows."""
+
+CHARTED = """() => document.querySelector("#runs tbody tr") !== null
+  && document.querySelector("svg[data-chart] polyline") !== null"""
+"""True once daskrl's page (not a Bokeh one) shows a run and its curves."""
 
 
 class ScreenshotError(RuntimeError):
@@ -161,7 +166,8 @@ def take_screenshots(dashboard: str, pages: Sequence[str], out_dir: Path, chromi
                      settle: float = 2.0) -> list[Path]:
     """Photograph each of ``pages`` (keys of :data:`PAGES`) of the dashboard at ``dashboard``.
 
-    Each picture is taken once the page's plots have drawn data (see :data:`DRAWN`).
+    Each picture is taken once the page's plots have drawn data (see :data:`DRAWN`, and
+    :data:`CHARTED` for daskrl's page).
 
     Raises
     ------
@@ -195,7 +201,8 @@ def take_screenshots(dashboard: str, pages: Sequence[str], out_dir: Path, chromi
                 url = dashboard.rstrip("/") + PAGES[name]
                 try:
                     page.goto(url, timeout=timeout * 1000)
-                    page.wait_for_function(DRAWN, timeout=timeout * 1000, polling=250)
+                    ready = CHARTED if name == "rl" else DRAWN
+                    page.wait_for_function(ready, timeout=timeout * 1000, polling=250)
                 except PlaywrightError as exc:
                     first = str(exc).strip().splitlines()[0]
                     hint = (" (the graph page stays empty while the scheduler holds more than "
