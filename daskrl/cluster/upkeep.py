@@ -90,7 +90,8 @@ def upkeep_advice(client: Client, many: int = MANY_WORKERS) -> str | None:
     return (f"daskrl: {n} Dask workers share process {process} with Dask's per-worker upkeep "
             "on (a profiler every 10 ms each): it slows the run; create the cluster under "
             "daskrl.cluster.upkeep.quiet_upkeep() (dask.config.set(QUIET_UPKEEP)), or use "
-            "fewer workers with more threads each (README: At scale)")
+            "fewer workers with more threads each (docs/howto/own-cluster.md: Many workers in "
+            "one process)")
 
 
 def advise(client: Client) -> None:
