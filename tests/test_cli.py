@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_docs import block_named
 
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import get_distribution
@@ -297,12 +298,8 @@ def test_train_starts_its_cluster_while_importing_and_grows_it(tmp_path):
         Client(untaken.cluster.scheduler_address, timeout=2)
 
 
-def test_the_readme_graph_runs_as_written_and_its_policy_evaluates(tmp_path):
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Your own graph"):]
-    start = section.index("```python\n") + len("```python\n")
-    block = section[start:section.index("\n```", start)]
-    (tmp_path / "my_graph.py").write_text(block)
+def test_the_documented_graph_runs_as_written_and_its_policy_evaluates(tmp_path):
+    (tmp_path / "my_graph.py").write_text(block_named("howto/own-graph.md", "my-graph"))
     result = daskrl(["train", "my_graph.py", "--steps", "256", "--num-envs", "2",
                      "--num-steps", "32", "--scheduler", "sync", "--no-progress", "--out",
                      "run"], tmp_path)
@@ -311,7 +308,7 @@ def test_the_readme_graph_runs_as_written_and_its_policy_evaluates(tmp_path):
     result = daskrl(["eval", "run", "--episodes", "2"], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Acrobot-v1, 2 episodes: return ")
-    assert "examples/local_run.py" in text  # training from Python is listed too
+    assert "examples/local_run.py" in (REPO / "README.md").read_text()  # and from Python
 
 
 def test_a_longer_resume_continues_the_learning_rate_schedule(cluster_tiny_ppo, tmp_path):

@@ -1,4 +1,4 @@
-"""The examples run as the README says: the custom graph script trains through the CLI (in one
+"""The examples run as the docs say: the custom graph script trains through the CLI (in one
 process, a few iterations) and the Python example's imports resolve."""
 
 from __future__ import annotations
