@@ -203,9 +203,6 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     **config
         The graph's ``Config`` fields, e.g. ``num_envs=8``.
 
-    A run of an algorithm (not a graph script) records its name, not a script, so
-    :meth:`Run.policy` cannot rebuild it: train graph scripts to load their policies.
-
     Returns
     -------
     Run
@@ -216,6 +213,11 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     ------
     ValueError
         One line naming a bad setting, before anything trains.
+
+    Notes
+    -----
+    A run of an algorithm (not a graph script) records its name, not a script, so
+    :meth:`Run.policy` cannot rebuild it: train graph scripts to load their policies.
 
     Examples
     --------

@@ -27,6 +27,8 @@ class Resources:
         Used instead when no worker offers these resources (e.g. a learner
         that prefers a GPU but may run on a CPU).
 
+    Notes
+    -----
     Zero entries are left out of the Dask dict: Dask restricts a task that names a
     resource, even with value 0, to workers that advertise it.
 
