@@ -59,5 +59,6 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+html_sidebars = {"index": [], "getting-started": []}  # pages without a section to list
 html_static_path: list[str] = []
 html_show_sourcelink = False
