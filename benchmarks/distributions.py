@@ -57,6 +57,7 @@ from distributed import Client
 
 from daskrl.algos.a2c import A2CActor
 from daskrl.algos.actor_critic import VecEnvActor
+from daskrl.algos.env_runner import StepCost
 from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
@@ -81,13 +82,14 @@ LEARN_LAYOUT: dict[str, dict[str, int]] = {
 def costly_ppo_actor(config: Any, cost: float, seed: int) -> VecEnvActor:
     """graphs/ppo.py's actor with a CPU cost per env step (pickled by value to the workers)."""
     return VecEnvActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                       config.gae_lambda, step_cost=cost)
+                       config.gae_lambda, step_cost=StepCost(cpu_s=cost))
 
 
 def costly_a3c_actor(config: Any, cost: float, seed: int) -> A2CActor:
     """graphs/a3c.py's actor with a CPU cost per env step."""
     return A2CActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                         config.gae_lambda, cost, config.rollout_steps, config.hyper())
+                         config.gae_lambda, StepCost(cpu_s=cost), config.rollout_steps,
+                    config.hyper())
 
 
 def layout(dist: str, envs: int, workers: int) -> dict[str, int]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.dqn_learner import DQNHyper, DQNLearner
+from daskrl.algos.env_runner import StepCost
 from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.q_actor import QActor
 from daskrl.algos.qnet import discrete_dims, q_policy
@@ -63,6 +64,8 @@ class Config:
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
+    env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "
+                                    "CPU (a stand-in for simulators on other hosts)", 0.0)
 
     def hyper(self) -> DQNHyper:
         """The learner's settings."""
@@ -87,7 +90,7 @@ def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, devi
 def make_actor(config: Config, seed: int) -> QActor:
     """Role ``rollout``: one replica's envs and epsilon-greedy Q-network copy."""
     return QActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.n_step,
-                  config.gamma, step_cost=config.env_step_cost)
+                  config.gamma, step_cost=StepCost(config.env_step_cost, config.env_step_sleep))
 
 
 def make_replay(config: Config, shard: int) -> PrioritizedReplay:

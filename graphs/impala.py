@@ -25,6 +25,7 @@ import numpy as np
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import evaluate_policy, policy_module
+from daskrl.algos.env_runner import StepCost
 from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.normalize import Normalization
 from daskrl.algos.ppo import PPOHyper
@@ -55,6 +56,8 @@ class Config:
     compile: bool = setting("differentiate a torch.compile-d loss", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
+    env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "
+                                    "CPU (a stand-in for simulators on other hosts)", 0.0)
     normalize: Literal["auto", "on", "off"] = setting(
         "running observation normalisation and reward scaling (auto: on for Box actions, as "
         "graphs/ppo.py; the statistics travel with the weights)", "auto")
@@ -75,7 +78,7 @@ class Config:
 def make_actor(config: Config, norm: Normalization, seed: int) -> SequenceActor:
     """Role ``rollout``: one actor's envs and policy copy, recording sequences."""
     return SequenceActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                         config.env_step_cost, norm)
+                         StepCost(config.env_step_cost, config.env_step_sleep), norm)
 
 
 def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int, device: str

@@ -29,6 +29,7 @@ from daskrl.algos.actor_critic import (
     evaluate_policy,
     policy_module,
 )
+from daskrl.algos.env_runner import StepCost
 from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.normalize import Normalization
 from daskrl.algos.ppo import PPOHyper
@@ -65,6 +66,8 @@ class Config:
                             "$TORCHINDUCTOR_CACHE_DIR, spares later runs the compile)", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
+    env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "
+                                    "CPU (a stand-in for simulators on other hosts)", 0.0)
     normalize: Literal["auto", "on", "off"] = setting(
         "running observation normalisation and reward scaling (statistics merged every "
         "iteration, saved with the weights); auto: on for Box actions", "auto")
@@ -110,11 +113,12 @@ def make_learner(config: Config, spaces: tuple[gym.Space, gym.Space], seed: int,
 
 def make_actor(config: Config, norm: Normalization, seed: int) -> VecEnvActor | SequenceActor:
     """Role ``rollout``: one replica's envs and policy copy."""
+    cost = StepCost(config.env_step_cost, config.env_step_sleep)
     if config.vtrace:
         return SequenceActor(config.env, config.num_envs, seed, (config.hidden,) * 2,
-                             config.gamma, config.env_step_cost, norm)
+                             config.gamma, cost, norm)
     return VecEnvActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                       config.gae_lambda, config.env_step_cost, norm, config.env_backend)
+                       config.gae_lambda, cost, norm, config.env_backend)
 
 
 def evaluate(config: Config, norm: Normalization, weights: dict, seed: int) -> dict[str, float]:

@@ -14,6 +14,7 @@ from functools import partial
 import numpy as np
 
 from daskrl import Algorithm, Resources, setting
+from daskrl.algos.env_runner import StepCost
 from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.replay import transition_nbytes
 from daskrl.algos.sac import SACActor, SACHyper, SACLearner, box_dims, sac_policy
@@ -49,6 +50,8 @@ class Config:
     eval_episodes: int = setting("deterministic episodes in the final evaluation", 10)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
+    env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "
+                                    "CPU (a stand-in for simulators on other hosts)", 0.0)
 
     def hyper(self) -> SACHyper:
         """The learner's settings."""
@@ -69,7 +72,7 @@ def make_learner(config: Config, seed: int, device: str) -> SACLearner:
 def make_actor(config: Config, seed: int) -> SACActor:
     """Role ``rollout``: one replica's envs and policy copy."""
     return SACActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.n_step,
-                    config.gamma, config.env_step_cost)
+                    config.gamma, StepCost(config.env_step_cost, config.env_step_sleep))
 
 
 def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:

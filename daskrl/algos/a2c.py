@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from daskrl.algos import losses
 from daskrl.algos.actor_critic import VecEnvActor
+from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, compiled
 from daskrl.algos.ppo import PPOHyper
 
@@ -91,7 +92,7 @@ class A2CActor(VecEnvActor):
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (64, 64),
-                 gamma: float = 0.99, gae_lambda: float = 1.0, step_cost: float = 0.0,
+                 gamma: float = 0.99, gae_lambda: float = 1.0, step_cost: StepCost = NO_COST,
                  rollout_steps: int = 8, hp: A2CHyper | None = None) -> None:
         super().__init__(env_id, num_envs, seed, hidden, gamma, gae_lambda, step_cost)
         self.rollout_steps = rollout_steps

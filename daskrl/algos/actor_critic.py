@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from daskrl.algos.env_runner import EnvRunner, burn_cpu
+from daskrl.algos.env_runner import NO_COST, EnvRunner, StepCost, burn_cpu
 from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.learner import ActorCriticLearner
 from daskrl.algos.networks import DiscreteActorCritic, actor_critic_for
@@ -59,7 +59,7 @@ class VecEnvActor:
         hidden: tuple[int, ...] = (64, 64),
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
-        step_cost: float = 0.0,
+        step_cost: StepCost = NO_COST,
         normalization: Normalization | None = None,
         backend: Backend = "gymnasium",
     ) -> None:

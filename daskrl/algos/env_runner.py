@@ -4,6 +4,7 @@ its episode bookkeeping (role ``env``; ``central-inference`` places it on CPU wo
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +26,55 @@ def burn_cpu(seconds: float) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What each env step costs beyond the env's own work: stand-ins for a simulator that
+    the benchmarks and the scale lab put in place of a real one.
+
+    Attributes
+    ----------
+    cpu_s : float
+        CPU seconds burnt per env per step, in the actor's thread (an expensive simulator
+        running here: ``--env-step-cost``).
+    sleep_s : float
+        Wall seconds slept per step of the whole vector env, costing no CPU (simulators on
+        other hosts, which step an actor's envs at the same time: ``--env-step-sleep``). An
+        actor with ``E`` envs then steps at most ``E / sleep_s`` env steps a second,
+        however many envs a fused actor holds.
+
+    Examples
+    --------
+    >>> cost = StepCost(sleep_s=0.001)
+    >>> bool(cost), bool(StepCost())
+    (True, False)
+    >>> t0 = time.perf_counter(); cost.spend(num_envs=4); time.perf_counter() - t0 >= 0.001
+    True
+    """
+
+    cpu_s: float = 0.0
+    sleep_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "sleep_s"):
+            if getattr(self, name) < 0:
+                flag = "--env-step-cost" if name == "cpu_s" else "--env-step-sleep"
+                raise ValueError(f"{flag} must be >= 0 seconds, got {getattr(self, name)}")
+
+    def __bool__(self) -> bool:
+        return bool(self.cpu_s or self.sleep_s)
+
+    def spend(self, num_envs: int) -> None:
+        """One vector step's cost: ``cpu_s`` per env burnt, then ``sleep_s`` slept."""
+        if self.cpu_s:
+            burn_cpu(self.cpu_s * num_envs)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+
+
+NO_COST = StepCost()
+"""An env step that costs only the env's own work."""
+
+
 class EnvRunner:
     """A vector env that steps on actions and keeps per-env episode returns and lengths.
 
@@ -36,8 +86,9 @@ class EnvRunner:
         Envs in the vector env.
     seed : int
         Seeds the envs.
-    step_cost : float
-        Extra CPU seconds burnt per env per step (models an expensive simulator).
+    step_cost : StepCost
+        What each step costs beyond the env's own work (a stand-in simulator's CPU or
+        wall time).
     backend : {"gymnasium", "envpool"}
         Who steps the envs (:func:`~daskrl.core.envs.make_vector_env`).
 
@@ -50,7 +101,7 @@ class EnvRunner:
     (2, 4)
     """
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, step_cost: float = 0.0,
+    def __init__(self, env_id: str, num_envs: int, seed: int, step_cost: StepCost = NO_COST,
                  backend: Backend = "gymnasium") -> None:
         self.env = make_vector_env(env_id, num_envs, seed, backend, infos=False)  # unread
         self.obs, _ = self.env.reset(seed=seed)
@@ -70,7 +121,7 @@ class EnvRunner:
             actions = np.clip(actions, *self.bounds)
         obs, rew, term, trunc, _ = self.env.step(actions)
         if self.step_cost:
-            burn_cpu(self.step_cost * self.num_envs)
+            self.step_cost.spend(self.num_envs)
         self.step_s += time.perf_counter() - t0
         valid = ~self.prev_done
         done = term | trunc

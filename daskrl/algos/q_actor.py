@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.qnet import QNetwork, discrete_dims, td_errors
 from daskrl.algos.transitions import TransitionCollector
 
@@ -35,8 +36,8 @@ class QActor:
     priorities : bool
         Add each transition's initial priority, ``|n-step TD error|`` under this actor's
         weights (Ape-X), as ``priorities``.
-    step_cost : float
-        Extra CPU seconds per env step (a stand-in for an expensive simulator).
+    step_cost : StepCost
+        What each env step costs beyond the env's own work (a stand-in simulator).
 
     Examples
     --------
@@ -48,7 +49,7 @@ class QActor:
 
     def __init__(self, env_id: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (256, 256),
                  n_step: int = 1, gamma: float = 0.99, epsilon: float | None = None,
-                 priorities: bool = False, step_cost: float = 0.0) -> None:
+                 priorities: bool = False, step_cost: StepCost = NO_COST) -> None:
         self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
         self.epsilon, self.priorities = epsilon, priorities
         self.collector = TransitionCollector(env_id, num_envs, seed, n_step, gamma, step_cost)

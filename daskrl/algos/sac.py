@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.ensemble import StackedMLP
+from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.offpolicy import (
     TensorMeans,
     adam,
@@ -138,7 +139,7 @@ class SACActor:
 
     def __init__(self, env_id: str, num_envs: int, seed: int,
                  hidden: tuple[int, ...] = (256, 256), n_step: int = 1, gamma: float = 0.99,
-                 step_cost: float = 0.0) -> None:
+                 step_cost: StepCost = NO_COST) -> None:
         self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
         self.collector = TransitionCollector(env_id, num_envs, seed, n_step, gamma, step_cost)
         obs_dim, self.low, self.high = box_dims(env_id)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from daskrl.algos.actor_critic import EnvRunner
+from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.replay import concat_steps, nstep_transitions
 
 Batch = dict[str, Any]
@@ -29,7 +30,7 @@ class TransitionCollector:
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int, n_step: int = 1,
-                 gamma: float = 0.99, step_cost: float = 0.0) -> None:
+                 gamma: float = 0.99, step_cost: StepCost = NO_COST) -> None:
         self.env_id, self.num_envs, self.seed = env_id, num_envs, seed
         self.n_step, self.gamma, self.step_cost = n_step, gamma, step_cost
         self._runner: EnvRunner | None = None

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from daskrl.algos import losses
 from daskrl.algos.actor_critic import EnvRunner, spaces_of
+from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, shuffled_minibatches
 from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.normalize import Moments, Normalization
@@ -69,7 +70,7 @@ class SequenceActor:
     """
 
     def __init__(self, env_id: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (64, 64),
-                 gamma: float = 0.99, step_cost: float = 0.0,
+                 gamma: float = 0.99, step_cost: StepCost = NO_COST,
                  normalization: Normalization | None = None) -> None:
         self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
         self.gamma, self.step_cost = gamma, step_cost
