@@ -21,6 +21,7 @@ from daskrl.core.roles import TaskContext
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.core.worker_state import PLUGIN_NAME
+from daskrl.distributions.free_running import ActorSpec
 from daskrl.distributions.learner_clock import AHEAD, impala_learn
 from daskrl.distributions.prefetch import DeviceStager
 
@@ -91,7 +92,7 @@ class _Rig:
     def learn(self, out: LearnerOutput, first: int, count: int, batch: int = 1
               ) -> LearnerOutput:
         ctx = TaskContext(self.run, 0, 0, first, self.total)
-        actors = (("w1", {"CPU": 1}),) * 2
+        actors = tuple(ActorSpec("w1", {"CPU": 1}, (a,)) for a in range(2))
         return self.client.submit(impala_learn, ctx, self.algo, out, actors, 2, None, count,
                                   batch, workers=[self.home], pure=False).result(timeout=120)
 

@@ -32,8 +32,10 @@ from daskrl.distributions.free_running import (
     POLL_S,
     ROLLOUT_PRIORITY,
     ActorSpec,
+    Arrival,
     Pipeline,
     free_rollout,
+    stream_label,
 )
 from daskrl.distributions.prefetch import DeviceStager, Staged
 
@@ -65,8 +67,8 @@ class Feeder:
         The learner task's context (run, seed, schedule).
     algo : Algorithm
     actors : sequence of ActorSpec
-        Each actor's home worker and rollout resources; the clock replaces
-        :attr:`actors` when a task places them anew.
+        Each stream's home worker, rollout resources and actors (one, or a fused group);
+        the clock replaces :attr:`actors` when a task places them anew.
     in_flight : int
         Rollouts each actor keeps submitted.
     channel : str
@@ -75,16 +77,18 @@ class Feeder:
         The learner's worker name (an actor whose worker left avoids it when others live).
     device : str
         Where batches are staged.
+    staging : int
+        Batches staged ahead of the learner at most (:data:`PREFETCH`; more when the
+        learner takes every batch that has landed).
     """
 
     def __init__(self, owner: FeederOwner, client: Any, ctx: TaskContext, algo: Algorithm,
                  actors: Sequence[ActorSpec], in_flight: int, channel: str, me: str,
-                 device: str) -> None:
+                 device: str, staging: int = PREFETCH) -> None:
         self.owner, self.client, self.ctx, self.algo = owner, client, ctx, algo
         self.actors, self.in_flight, self.channel, self.me = tuple(actors), in_flight, channel, me
-        self.n = len(self.actors)
-        self.pipe = Pipeline(where={a: w for a, (w, _) in enumerate(self.actors)})
-        self.staged: queue.Queue[tuple[int, Staged]] = queue.Queue(maxsize=PREFETCH)
+        self.pipe = Pipeline(where={a: s.worker for a, s in enumerate(self.actors)})
+        self.staged: queue.Queue[tuple[Arrival, Staged]] = queue.Queue(maxsize=staging)
         self.stager = DeviceStager(device)
 
     def cancel(self) -> None:
@@ -92,20 +96,23 @@ class Feeder:
         self.pipe.cancel(self.client)
 
     def submit(self, a: int) -> Future:
-        """Submit actor ``a``'s next rollout, pinned to its worker."""
-        pipe = self.pipe
+        """Submit stream ``a``'s next rollout, pinned to its worker."""
+        pipe, stream = self.pipe, self.actors[a]
         worker = pipe.where.get(a)
         r = pipe.rounds.get(a, 0)
         pipe.rounds[a] = r + 1
         iteration = self.owner.iteration
-        actor_ctx = dataclasses.replace(self.ctx, replica=a, iteration=iteration, gpu=0.0)
+        actor_ctx = dataclasses.replace(self.ctx, replica=stream.replicas[0],
+                                        iteration=iteration, gpu=0.0)
+        fused = stream.replicas if len(stream.replicas) > 1 else ()
         fut = self.client.submit(
-            free_rollout, actor_ctx, self.algo, None, self.channel, pure=False,
-            resources=self.actors[a][1], workers=[worker] if worker else None,
+            free_rollout, actor_ctx, self.algo, None, self.channel, fused, pure=False,
+            resources=stream.resources, workers=[worker] if worker else None,
             # the channel names this clock: a clock started again from the same iteration
             # (a retry) must not reuse the keys of the rollouts its predecessor cancelled
             priority=ROLLOUT_PRIORITY, key=step_key("rollout", a, iteration, r, self.channel))
-        pipe.pending[fut.key] = (a, fut)
+        pipe.pending[fut.key] = (Arrival(a, len(stream.replicas), stream_label(stream.replicas)),
+                                 fut)
         return fut
 
     def rehome(self) -> bool:
@@ -120,7 +127,7 @@ class Feeder:
         addresses = {str(w["name"]): a for a, w in info.items()}
         restarted = {n for n, a in pipe.seen.items() if n in live and addresses[n] != a}
         pipe.seen = addresses
-        homes = {a: w for a, (w, _) in enumerate(self.actors)}
+        homes = {a: s.worker for a, s in enumerate(self.actors)}
         moved = False
         for a, home in homes.items():
             if home is None:
@@ -136,7 +143,7 @@ class Feeder:
                 continue
             pipe.where[a] = want
             if now not in live or now in restarted:  # its rollouts wait for a lost process
-                lost = [k for k, (b, _) in pipe.pending.items() if b == a]
+                lost = [k for k, (arrival, _) in pipe.pending.items() if arrival.stream == a]
                 self.client.cancel([pipe.pending.pop(k)[1] for k in lost])
                 for _ in lost:
                     self.submit(a)
@@ -147,7 +154,7 @@ class Feeder:
         """The feeder thread: keep the rollouts in flight; stage each batch that lands."""
         pipe = self.pipe
         self.rehome()  # where every worker is now (the addresses its pins become)
-        for a in range(self.n):
+        for a in range(len(self.actors)):
             while pipe.in_flight(a) < self.in_flight:
                 self.submit(a)
         arrivals = as_completed([f for _, f in pipe.pending.values()], with_results=True)
@@ -164,12 +171,12 @@ class Feeder:
             fut, batch = next(arrivals)
             if fut.key not in pipe.pending:  # cancelled by a rehome meanwhile
                 continue
-            a, _ = pipe.pending.pop(fut.key)
-            arrivals.add(self.submit(a))  # the actor's next rollout, before this update
+            landed, _ = pipe.pending.pop(fut.key)
+            arrivals.add(self.submit(landed.stream))  # its next rollout, before this update
             staged = self.stager(batch)
             while not (self.owner.closed or self.owner.finished):
                 try:
-                    self.staged.put((a, staged), timeout=0.1)
+                    self.staged.put((landed, staged), timeout=0.1)
                     break
                 except queue.Full:
                     continue

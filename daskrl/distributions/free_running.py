@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from distributed import Future, Variable, get_client
@@ -18,8 +18,39 @@ from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput, Weights
 from daskrl.core.roles import TaskContext, merge_stats
 from daskrl.core.worker_state import resident, worker_name
 
-ActorSpec = tuple[str | None, dict[str, float]]
-"""An actor's worker name and the Dask resources of its rollouts."""
+
+class ActorSpec(NamedTuple):
+    """A stream of free-running rollouts: the worker its tasks are pinned to, their Dask
+    resources, and the actors it steps: one, or several co-located actors fused into one
+    batched actor (``impala:group=K``: one task and one forward pass per step for all of
+    them)."""
+
+    worker: str | None
+    resources: dict[str, float]
+    replicas: tuple[int, ...]
+
+
+class Arrival(NamedTuple):
+    """Where a rollout comes from: its stream, how many actors' rollouts it holds, and how
+    the metrics name its stream (``policy_lags``). It travels with the batch to the
+    learner; its future stays in :attr:`Pipeline.pending` (a batch waiting to be used must
+    not keep the task alive on the scheduler once the run cancels its rollouts)."""
+
+    stream: int
+    actors: int
+    label: str
+
+
+def stream_label(replicas: tuple[int, ...]) -> str:
+    """How ``policy_lags`` names a stream: its actor, or its fused actors' first and last.
+
+    Examples
+    --------
+    >>> stream_label((3,)), stream_label((0, 2, 4))
+    ('3', '0..4')
+    """
+    return str(replicas[0]) if len(replicas) == 1 else f"{replicas[0]}..{replicas[-1]}"
+
 
 POLL_S = 0.002
 """How often a learner waiting for a batch looks whether one landed."""
@@ -74,17 +105,18 @@ def newest_weights(run: str, channel: str | None = None) -> tuple[int, Weights]:
 
 
 def free_rollout(ctx: TaskContext, algo: Algorithm, fallback: LearnerOutput | None = None,
-                 channel: str | None = None) -> Batch:
-    """Role ``rollout``: one rollout of actor ``ctx.replica`` with the newest weights
-    published on ``channel`` (:func:`newest_weights`; ``fallback``'s outside a Dask
-    worker). One actor's rollouts run one at a time on a worker, whatever its thread count:
-    they step the same envs."""
+                 channel: str | None = None, replicas: tuple[int, ...] = ()) -> Batch:
+    """Role ``rollout``: one rollout of actor ``ctx.replica`` (or of the co-located
+    ``replicas`` fused into one actor) with the newest weights published on ``channel``
+    (:func:`newest_weights`; ``fallback``'s outside a Dask worker). One actor's rollouts run
+    one at a time on a worker, whatever its thread count: they step the same envs."""
     if fallback is None:
         version, weights = newest_weights(ctx.run, channel)
         fallback = LearnerOutput(version, {}, weights)
-    lock, _ = resident((ctx.run, "impala", "lock", ctx.replica), threading.Lock)
+    ident = replicas if len(replicas) > 1 else ctx.replica
+    lock, _ = resident((ctx.run, "impala", "lock", ident), threading.Lock)
     with lock:
-        return roles.rollout(ctx, algo, fallback, algo.num_steps)
+        return roles.rollout(ctx, algo, fallback, algo.num_steps, replicas)
 
 
 class Publisher:
@@ -168,8 +200,8 @@ class Pipeline:
     across learner tasks: the rollouts in flight and the published weights."""
 
     where: dict[int, str | None] = dataclasses.field(default_factory=dict)
-    """Actor -> the worker its next rollouts are pinned to."""
-    pending: dict[str, tuple[int, Future]] = dataclasses.field(default_factory=dict)
+    """Stream -> the worker its next rollouts are pinned to."""
+    pending: dict[str, tuple[Arrival, Future]] = dataclasses.field(default_factory=dict)
     rounds: dict[int, int] = dataclasses.field(default_factory=dict)
     publisher: Publisher | None = None
     last_end: float | None = None
@@ -178,9 +210,9 @@ class Pipeline:
     pin by name into that address, so a worker back under its name (a nanny's restart) at
     another address does not receive the rollouts pinned to its lost process."""
 
-    def in_flight(self, actor: int) -> int:
-        """Rollouts of ``actor`` submitted and not yet consumed."""
-        return sum(1 for a, _ in self.pending.values() if a == actor)
+    def in_flight(self, stream: int) -> int:
+        """Rollouts of ``stream`` submitted and not yet consumed."""
+        return sum(1 for arrival, _ in self.pending.values() if arrival.stream == stream)
 
     def cancel(self, client: Any) -> None:
         """Let go of every rollout in flight and stop publishing (the run ends)."""
@@ -204,8 +236,8 @@ class IterationRecord:
         self.dropped = 0
         self.metrics: dict[str, Any] = {}
 
-    def record(self, stats: dict[str, Any], actor: int, lag: int) -> None:
-        """One batch used: its stats, and its actor's lag in updates."""
+    def record(self, stats: dict[str, Any], actor: int | str, lag: int) -> None:
+        """One batch used: its stats, and its actor's (or stream's) lag in updates."""
         self.stats.append(stats)
         self.lags.append(f"{actor}:{lag}")
         self.lag_values.append(lag)

@@ -39,6 +39,13 @@ came, and ``learner_clock`` the clock that ran the iteration (one per run, unles
 a lost worker started another). ``actors_for_busy`` estimates the actors that would keep the
 learner busy (:mod:`daskrl.observe.profile` suggests adding them).
 
+At many actors two options keep the scheduler and the learner off the critical path
+(``benchmarks/scale_actors.md`` measures them): ``group=K`` fuses up to K actors placed on
+one worker into one rollout stream (one task a rollout and one batched forward pass a step
+for all of them, instead of one each), and ``batch=auto`` lets each update take every batch
+that has landed since the last one, so the learner's fixed cost per update is paid once for
+all of them and it never waits while batches are there.
+
 The machinery (rollout task, publisher, rollouts in flight) is in
 :mod:`daskrl.distributions.free_running`, the learner's loop in
 :mod:`daskrl.distributions.learner_clock`.
@@ -57,6 +64,7 @@ slot when it has a worker of its own, so no rollout runs on its core.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,6 +75,7 @@ from daskrl.core.fragment import Fragment
 from daskrl.core.keys import step_key, version_key
 from daskrl.core.placement import Placement, task
 from daskrl.core.resources import Resources
+from daskrl.distributions.actors_learner import colocated
 from daskrl.distributions.async_grads import waiting
 from daskrl.distributions.base import (
     Distribution,
@@ -100,18 +109,29 @@ class Impala(Distribution):
         slot, so its core is its own). Default False: actors are spread over every worker,
         the learner's too, and the learner holds no CPU slot (on few cores the envs get
         them all, and the learner's work interleaves with theirs).
-    batch : int
-        Rollouts per learner update (IMPALA's batch size, in unrolls): the learner takes
-        this many batches as they land and makes one gradient step on them together.
+    batch : int or ``"auto"``
+        Actors' rollouts per learner update (IMPALA's batch size, in unrolls): the learner
+        takes this many as they land and makes one gradient step on them together.
         Default 1 (an update per batch). With ``batch = num_actors`` the learner makes as
         many updates per env step as lockstep ``actors-learner``, on the same batch size;
-        it must divide ``--num-actors`` (an iteration is ``num_actors`` batches).
+        it must divide ``--num-actors`` (an iteration is ``num_actors`` rollouts).
+        ``auto``: each update takes every batch that has landed since the last one (at
+        least one, at most the rest of the iteration), so the learner never waits while
+        batches are there and its updates grow with what the actors deliver: with many
+        actors it makes fewer, larger updates per env step than ``batch=1``.
+    group : int
+        Fuse up to this many actors placed on the same worker into one batched actor: one
+        rollout task and one forward pass per step for all their envs (each actor keeps its
+        own envs and seeds). The scheduler then sees a task per group rather than per actor,
+        and the forward passes run batched (default 1: every actor its own task).
 
     Examples
     --------
-    >>> d = Impala(in_flight="3", max_lag="8", batch="2")
-    >>> d.in_flight, d.max_lag, d.batch
-    (3, 8, 2)
+    >>> d = Impala(in_flight="3", max_lag="8", batch="2", group="16")
+    >>> d.in_flight, d.max_lag, d.batch, d.group
+    (3, 8, 2, 16)
+    >>> Impala(batch="auto").batch is None
+    True
     >>> Impala(max_lag="-1")
     Traceback (most recent call last):
     ...
@@ -126,18 +146,25 @@ class Impala(Distribution):
 
     def __init__(self, in_flight: int | str = 2, max_lag: int | str | None = None,
                  iterations_per_task: int | str = 16, apart: bool | str = False,
-                 batch: int | str = 1) -> None:
+                 batch: int | str | None = 1, group: int | str = 1) -> None:
         self.apart = to_bool("apart", apart)
-        self.batch = to_int("batch", batch)
+        self.batch = None if batch is None or str(batch).lower() == "auto" \
+            else to_int("batch", batch)
+        """Actors' rollouts per update; None: every batch that has landed (``auto``)."""
+        self.group = to_int("group", group)
         self.in_flight = to_int("in_flight", in_flight)
         self.max_lag = (None if max_lag is None or str(max_lag).lower() == "none"
                         else to_int("max_lag", max_lag, minimum=0))
         self.max_count = to_int("iterations_per_task", iterations_per_task)
 
     def required(self, algo: Algorithm) -> dict[str, str]:
-        """``vtrace``: batches carry sequences and the acting version; a value head."""
-        return {"vtrace": "use graphs/impala.py, or graphs/ppo.py --vtrace (an algorithm "
+        """``vtrace``: batches carry sequences and the acting version; a value head.
+        ``resizable-actor`` too with ``group`` > 1 (fused actors)."""
+        need = {"vtrace": "use graphs/impala.py, or graphs/ppo.py --vtrace (an algorithm "
                           "with a value head whose actor records sequences)"}
+        if self.group > 1:
+            need["resizable-actor"] = "drop group= (keep one task per actor)"
+        return need
 
     def check(self, algo: Algorithm) -> None:
         """The capability check, then ``batch`` against the actors (before any worker
@@ -154,7 +181,7 @@ class Impala(Distribution):
         """  # noqa: E501
         super().check(algo)
         n = algo.num_actors
-        if n % self.batch:
+        if self.batch is not None and n % self.batch:
             raise Unsupported(
                 f"impala:batch={self.batch} must divide --num-actors {n} (an iteration is "
                 f"one batch per actor): use batch=1 or {n}, or --num-actors "
@@ -206,6 +233,10 @@ class Impala(Distribution):
         held = sum(each.values())
         if algo.num_actors <= held:
             return
+        if self.group > 1:  # a fused group holds one actor's resources
+            tasks = Counter(s.worker for s in streams(placement, algo.num_actors, self.group))
+            if all(n <= each.get(str(w), 0) for w, n in tasks.items()):
+                return
         per = max(1, min(each.values()))
         more = math.ceil((algo.num_actors - held) / per)
         share = f"{min(need.get('CPU', 1.0), held * need.get('CPU', 1.0) / algo.num_actors):g}"
@@ -221,9 +252,9 @@ class Impala(Distribution):
         return self.max_count
 
     def _actors(self, inputs: IterationInputs) -> tuple[ActorSpec, ...]:
-        place = inputs.placement
-        return tuple((place.worker("rollout", a), place.resources["rollout"].to_dask())
-                     for a in range(inputs.algo.num_actors))
+        """The rollout streams: each actor its own, or (``group``) chunks of the actors
+        placed on one worker, in replica order."""
+        return streams(inputs.placement, inputs.algo.num_actors, self.group)
 
     def _learner_resources(self, inputs: IterationInputs) -> Resources:
         """The learner's resources when it has a worker of its own: holding them keeps
@@ -272,9 +303,10 @@ class Impala(Distribution):
             for a in range(algo.num_actors):
                 rollout(a, published)
         update: Any = published
-        for v in range(1, algo.num_actors // self.batch + 1):
+        per = self.batch or 1  # auto: drawn as one batch an update
+        for v in range(1, algo.num_actors // per + 1):
             batches = []
-            for _ in range(self.batch):  # an update takes `batch` batches as they land
+            for _ in range(per):  # an update takes `batch` batches as they land
                 a, batch = queue.pop(0)
                 rollout(a, published)
                 batches.append(batch)
@@ -284,6 +316,27 @@ class Impala(Distribution):
                                key=version_key("publish", v, k, run), worker=learner)
         return task(_placeholder, published, *(d for _, d in queue), role="learner", replica=0,
                     iteration=k, run=run, resources=learn_res, worker=learner)
+
+
+def streams(placement: Placement, num_actors: int, group: int = 1) -> tuple[ActorSpec, ...]:
+    """The rollout streams of ``num_actors`` actors: each actor its own, or chunks of at most
+    ``group`` of the actors placed on one worker (in replica order), fused into one.
+
+    Examples
+    --------
+    >>> p = Placement({"rollout": Resources(cpu=1)}, {"rollout": ("a", "b", "a", "a")})
+    >>> [s.replicas for s in streams(p, 4)]
+    [(0,), (1,), (2,), (3,)]
+    >>> [(s.worker, s.replicas) for s in streams(p, 4, group=2)]
+    [('a', (0, 2)), ('a', (3,)), ('b', (1,))]
+    """
+    res = placement.resources["rollout"].to_dask()
+    if group <= 1:
+        return tuple(ActorSpec(placement.worker("rollout", a), res, (a,))
+                     for a in range(num_actors))
+    chunks = [g[i:i + group] for g in colocated(placement, "rollout", num_actors)
+              for i in range(0, len(g), group)]
+    return tuple(ActorSpec(placement.worker("rollout", c[0]), res, tuple(c)) for c in chunks)
 
 
 def _placeholder(*_: Any) -> None:

@@ -49,16 +49,18 @@ from typing import Any
 
 from distributed import get_client, get_worker, secede
 
-from daskrl.core.algorithm import Algorithm, LearnerOutput
+from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput
 from daskrl.core.roles import TaskContext, pick_device, resident_learner
 from daskrl.core.worker_state import drop_key, resident
 from daskrl.distributions.async_grads import on_worker
 from daskrl.distributions.clock_feeder import PREFETCH, Feeder
 from daskrl.distributions.free_running import (
     ActorSpec,
+    Arrival,
     IterationRecord,
     Publisher,
     free_rollout,
+    stream_label,
 )
 from daskrl.distributions.prefetch import Staged
 
@@ -93,20 +95,22 @@ class LearnerClock:
         The resident learner, in step with ``version``.
     version : int
         The ``LearnerOutput`` version the clock starts from.
+    updates : int
+        The weights version it starts from (:func:`weights_version`).
     actors, in_flight, max_lag, batch
         As :func:`impala_learn`.
     """
 
     def __init__(self, client: Any, ctx: TaskContext, algo: Algorithm, learner: Any,
                  version: int, actors: Sequence[ActorSpec], in_flight: int,
-                 max_lag: int | None, batch: int = 1) -> None:
+                 max_lag: int | None, batch: int | None = 1, updates: int = 0) -> None:
         self.client, self.ctx, self.algo, self.learner = client, ctx, algo, learner
         self.max_lag, self.batch = max_lag, batch
-        self.n = len(actors)
+        self.n = algo.num_actors  # actors' rollouts per iteration
         self.iteration = ctx.iteration  # the next iteration the learner runs
         self.delivered = (ctx.iteration, version)  # where the next task must start
         self.base = (ctx.iteration, version)
-        self.updates = version * (self.n // batch)  # weights versions count updates
+        self.updates = updates  # weights versions count updates
         self.horizon = ctx.iteration  # the learner runs iterations below this
         self.wanted = ctx.iteration  # the end of the latest task's iterations
         self.records: dict[int, dict[str, Any]] = {}
@@ -121,8 +125,10 @@ class LearnerClock:
         # reach the scheduler after this one set them. The run stays last: rollout keys end
         # in the channel, and the watchdog and the timeline know a run's tasks by "-<run>"
         self.channel = f"{uuid.uuid4().hex[:8]}-{ctx.run}"
+        # batch=auto takes every batch that has landed: stage them all
+        staging = PREFETCH if batch else max(PREFETCH, len(actors) * in_flight)
         self.feeder = Feeder(self, client, ctx, algo, actors, in_flight, self.channel,
-                             str(self.me.name), pick_device(ctx.gpu))
+                             str(self.me.name), pick_device(ctx.gpu), staging)
         self.pipe = self.feeder.pipe
         self.pipe.publisher = Publisher(client, self.channel, self.me.address)
         self.pipe.publisher.publish_now(self.updates, learner.weights())
@@ -133,7 +139,7 @@ class LearnerClock:
             thread.start()
 
     # ------------------------------------------------------------ the task's side
-    def matches(self, ctx: TaskContext, learner_in: LearnerOutput, batch: int) -> bool:
+    def matches(self, ctx: TaskContext, learner_in: LearnerOutput, batch: int | None) -> bool:
         """True when a task from ``learner_in`` at ``ctx.iteration`` continues this clock."""
         return (not self.closed and self.error is None and batch == self.batch
                 and self.delivered == (ctx.iteration, learner_in.version))
@@ -190,16 +196,33 @@ class LearnerClock:
             if fn == self.feeder.run:  # the rollouts in flight and the publisher end with it
                 self.feeder.cancel()
 
-    def _next_batch(self) -> tuple[int, Staged]:
+    def _next_batch(self, wait: bool = True) -> tuple[Arrival, Staged] | None:
+        """The next staged batch (waiting for one; ``wait=False``: None when none is)."""
         while True:
             if self.closed:
                 raise ClockClosed("closed")
             if self.error is not None:
                 raise self.error
             try:
-                return self.feeder.staged.get(timeout=0.1)
+                return self.feeder.staged.get(timeout=0.1) if wait else \
+                    self.feeder.staged.get_nowait()
             except queue.Empty:
-                continue
+                if not wait:
+                    return None
+
+    def _take(self, group: list[tuple[Arrival, dict[str, Any], int]], rec: IterationRecord,
+              item: tuple[Arrival, Staged] | None) -> int:
+        """Add a staged batch to the update's ``group`` unless it is more than ``max_lag``
+        updates old (then it is dropped); the actors' rollouts it adds."""
+        assert item is not None
+        landed, staged = item
+        batch = staged.ready()
+        lag = self.updates - int(batch["stats"]["policy_version"])
+        if self.max_lag is not None and lag > self.max_lag:
+            rec.dropped += 1
+            return 0
+        group.append((landed, batch, lag))
+        return landed.actors
 
     def _learn(self) -> None:
         """Run iterations while below the horizon; snapshot where a task may end."""
@@ -219,19 +242,19 @@ class LearnerClock:
                     break
                 it = self.iteration
             rec = IterationRecord(last_end)
-            used = 0
+            used = 0  # actors' rollouts this iteration has used
             while used < n:
-                group: list[tuple[int, dict[str, Any], int]] = []
-                while len(group) < self.batch:  # the update's batches, as they land
+                group: list[tuple[Arrival, dict[str, Any], int]] = []
+                covered = 0
+                while covered < (self.batch or 1):  # the update's batches, as they land
                     t0 = time.time()
-                    a, staged = self._next_batch()
-                    batch = staged.ready()
+                    covered += self._take(group, rec, self._next_batch())
                     rec.wait_s += time.time() - t0
-                    lag = self.updates - int(batch["stats"]["policy_version"])
-                    if self.max_lag is not None and lag > self.max_lag:
-                        rec.dropped += 1
-                        continue
-                    group.append((a, batch, lag))
+                while self.batch is None and used + covered < n:  # auto: all that landed
+                    item = self._next_batch(wait=False)
+                    if item is None:
+                        break
+                    covered += self._take(group, rec, item)
                 t1 = time.time()
                 rec.metrics = learner.update([b for _, b, _ in group],
                                              min(1.0, ctx.progress(it + used / n)))
@@ -240,9 +263,9 @@ class LearnerClock:
                 publisher.offer(self.updates, learner.weights())
                 rec.update_s += t2 - t1
                 rec.publish_s += time.time() - t2
-                used += len(group)
-                for a, batch, lag in group:
-                    rec.record(batch["stats"], a, lag)
+                used += covered
+                for landed, batch, lag in group:
+                    rec.record(batch["stats"], landed.label, lag)
             metrics = rec.finish(self.updates, n, worker=str(self.me.name))
             metrics["learner_clock"] = self.channel  # a run's clocks: one unless restarted
             last_end = time.time()
@@ -262,9 +285,30 @@ class LearnerClock:
                     self.cond.notify_all()
 
 
+def weights_version(learner_in: LearnerOutput, algo: Algorithm, batch: int | None) -> int:
+    """The updates the learner has made by ``learner_in``: as its last iteration recorded
+    them, else (a checkpoint without metrics) ``num_actors / batch`` per iteration.
+
+    Fused groups and ``batch=auto`` make a varying number of updates per iteration, so the
+    count travels with the output rather than being derived from its iterations.
+
+    Examples
+    --------
+    >>> algo = Algorithm("a", print, print, print, num_steps=1, num_actors=4)
+    >>> weights_version(LearnerOutput(3, {}, {}, {"weights_version": 7}), algo, 1)
+    7
+    >>> weights_version(LearnerOutput(3, {}, {}), algo, 2)
+    6
+    """
+    recorded = learner_in.metrics.get("weights_version")
+    if recorded is not None:
+        return int(recorded)
+    return learner_in.version * (algo.num_actors // (batch or 1))
+
+
 def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
-           actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None, batch: int
-           ) -> tuple[LearnerClock, bool]:
+           actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None,
+           batch: int | None) -> tuple[LearnerClock, bool]:
     """The run's clock on this worker, continuing or (re)started from ``learner_in``."""
     clocks, _ = resident(("impala", "clocks"), dict)
     clock = clocks.get(ctx.run)
@@ -276,7 +320,7 @@ def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOu
     holder, built = resident_learner(ctx, algo, learner_in)
     holder["version"] = None  # the clock moves it on: a later resident_learner reloads
     clock = LearnerClock(client, ctx, algo, holder["learner"], learner_in.version, actors,
-                         in_flight, max_lag, batch)
+                         in_flight, max_lag, batch, weights_version(learner_in, algo, batch))
     clocks[ctx.run] = clock
     key = (ctx.run, "impala", "clock")
     if resident(key, lambda: clock)[0] is not clock:  # an earlier attempt's, closed above
@@ -287,15 +331,17 @@ def _clock(client: Any, ctx: TaskContext, algo: Algorithm, learner_in: LearnerOu
 
 def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                  actors: Sequence[ActorSpec], in_flight: int, max_lag: int | None,
-                 count: int = 1, batch: int = 1) -> LearnerOutput:
-    """Role ``learner``: ``count`` iterations of ``len(actors) / batch`` updates, each on
-    ``batch`` batches as they land, run by the run's :class:`LearnerClock` on this worker.
+                 count: int = 1, batch: int | None = 1) -> LearnerOutput:
+    """Role ``learner``: ``count`` iterations of ``num_actors`` actors' rollouts, an update
+    on each ``batch`` of them as they land (``None``: on every batch that has landed),
+    run by the run's :class:`LearnerClock` on this worker; ``actors`` are the rollout
+    streams (an actor each, or fused groups of co-located actors).
 
     Outside a Dask worker (``--scheduler sync``) the actors take turns in this process,
     each acting with the newest weights (lag 0).
     """
     if not on_worker():
-        return _in_turn(ctx, algo, learner_in, len(actors), count, batch)
+        return _in_turn(ctx, algo, learner_in, actors, count, batch)
     client = get_client()
     secede()  # wait without holding a worker thread: rollouts may use it
     clock, built = _clock(client, ctx, algo, learner_in, actors, in_flight, max_lag, batch)
@@ -308,30 +354,37 @@ def impala_learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
                          history=history[:-1])
 
 
-def _in_turn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, n: int,
-             count: int, batch: int = 1) -> LearnerOutput:
-    """The actors in turn, in this thread (no Dask worker); an update after every
-    ``batch`` of them."""
+def _in_turn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
+             streams: Sequence[ActorSpec], count: int, batch: int | None = 1) -> LearnerOutput:
+    """The actors' streams in turn, in this thread (no Dask worker); an update after every
+    ``batch`` actors' rollouts (``None``, auto: after each stream's, all that has landed)."""
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
-    updates = learner_in.version * (n // batch)
+    n = algo.num_actors
+    updates = weights_version(learner_in, algo, batch)
     history: list[dict[str, Any]] = []
     for j in range(count):
         rec = IterationRecord(time.time())
-        for first in range(0, n, batch):
+        waiting, used = list(streams), 0
+        while waiting:
             current = LearnerOutput(updates, {}, learner.weights())
             t0 = time.time()  # the learner waits while the actors step, in this thread
-            batches = [free_rollout(dataclasses.replace(ctx, replica=a, gpu=0.0,
-                                                        iteration=ctx.iteration + j),
-                                    algo, current) for a in range(first, first + batch)]
+            taken: list[tuple[ActorSpec, Batch]] = []
+            while waiting and sum(len(s.replicas) for s, _ in taken) < (batch or 1):
+                stream = waiting.pop(0)
+                fused = stream.replicas if len(stream.replicas) > 1 else ()
+                actor_ctx = dataclasses.replace(ctx, replica=stream.replicas[0], gpu=0.0,
+                                                iteration=ctx.iteration + j)
+                taken.append((stream, free_rollout(actor_ctx, algo, current, None, fused)))
             t1 = time.time()
             rec.wait_s += t1 - t0
-            rec.metrics = learner.update(
-                batches, min(1.0, ctx.progress(ctx.iteration + j + first / n)))
+            rec.metrics = learner.update([b for _, b in taken],
+                                         min(1.0, ctx.progress(ctx.iteration + j + used / n)))
             rec.update_s += time.time() - t1
             updates += 1
-            for a, b in zip(range(first, first + batch), batches, strict=True):
-                rec.record(b["stats"], a, 0)
+            for stream, b in taken:
+                used += len(stream.replicas)
+                rec.record(b["stats"], stream_label(stream.replicas), 0)
         history.append(rec.finish(updates, n))
     holder["version"] = learner_in.version + count
     metrics = history[-1]
