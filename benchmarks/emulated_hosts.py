@@ -16,7 +16,8 @@ Sweeps (``--sweep``):
 - ``actors`` (MSRL 7a): ``--actors`` values, one host each;
 - ``envs`` (MSRL 7c): ``--envs`` values per actor.
 
-    python benchmarks/emulated_hosts.py --rtt-ms 0.1 1 10 --json benchmarks/results/emulated_latency.json
+    python benchmarks/emulated_hosts.py --rtt-ms 0.1 1 10 \\
+        --json benchmarks/results/emulated_latency.json
 
 Without namespaces (not root, no ``ip``/``tc``/``nft``) it says why and exits 0, writing
 nothing.
