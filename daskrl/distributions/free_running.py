@@ -16,6 +16,7 @@ from distributed import Future, Variable, get_client
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput, Weights
 from daskrl.core.roles import TaskContext, merge_stats
+from daskrl.core.tensor_pickle import from_bytes, to_bytes
 from daskrl.core.worker_state import resident, worker_name
 
 
@@ -99,8 +100,8 @@ def newest_weights(run: str, channel: str | None = None) -> tuple[int, Weights]:
         future = Variable(channel_name(channel), client=client).get(timeout=60)
         if future is None:
             raise ChannelClosed.of(run, channel)
-        value = future.result(timeout=60)
-        cache.update(version=value[0], value=value)
+        got, payload = future.result(timeout=60)
+        cache.update(version=got, value=(got, from_bytes(payload)))
     return cache["value"]
 
 
@@ -139,9 +140,14 @@ class Publisher:
         self.thread.start()
 
     def publish_now(self, version: int, weights: Weights) -> None:
-        """Publish in this thread (the first weights, before any rollout asks for them)."""
+        """Publish in this thread (the first weights, before any rollout asks for them).
+
+        The weights go out pickled once (:func:`~daskrl.core.tensor_pickle.to_bytes`): every
+        actor's worker fetches each version, and Dask would serialise a dict of tensors anew
+        for each fetch, on the learner's worker, whose event loop must also take the batches.
+        """
         # one future for the pair (scatter would split a bare tuple into two)
-        future = self.client.scatter([(version, weights)], workers=[self.address],
+        future = self.client.scatter([(version, to_bytes(weights))], workers=[self.address],
                                      hash=False)[0]
         self.weights.set(future)
         self.version.set(version)
