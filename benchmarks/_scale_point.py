@@ -18,6 +18,8 @@ import csv
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +44,21 @@ SAMPLE_S = 0.5
 GRAPHS = {"actors-learner": "ppo", "impala": "impala", "apex": "dqn",
           "data-parallel": "ppo", "central-inference": "ppo", "single": "ppo"}
 """The graph each distribution runs in the lab."""
+
+
+def run_isolated(cmd: Sequence[str], timeout: float, **kwargs: Any
+                 ) -> subprocess.CompletedProcess[str] | None:
+    """Run ``cmd`` in a process group of its own; on timeout kill the whole group (a point's
+    scheduler and workers with it) and return None."""
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def worker_specs(spec: Mapping[str, Any]) -> list[WorkerSpec]:
@@ -171,7 +188,8 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
             t0 = time.time()
             summary = train(client, algo, distribution,
                             RunSettings(out=out, steps=steps, seed=int(spec.get("seed", 1)),
-                                        eval=False, tensorboard=False, progress=False))
+                                        eval=False, tensorboard=False, progress=False,
+                                        task_timeout=spec.get("task_timeout")))
             sampler.stop()
         finally:
             client.close()
@@ -179,11 +197,13 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
         rows = list(csv.DictReader(f))
     first, last = steady_rows(rows)
     steady = rows[first:last + 1]
-    t_a = t0 + float(rows[first - 1]["wall_s"])
+    # each iteration's time on the learner's clock (from one learner's end to the next:
+    # a task of several iterations records them all at once, so wall_s would not do)
+    wall = sum(float(r["iteration_s"]) for r in steady)
     t_b = t0 + float(rows[last]["wall_s"])
+    t_a = t_b - wall
     (a, cpu_a), (b, cpu_b) = sampler.at(t_a), sampler.at(t_b)
     env_steps = sum(int(float(r["iteration_env_steps"])) for r in steady)
-    wall = t_b - t_a
     groups = {"actors": {w.name for w in specs if w.name != "learner"}, "learner": {"learner"}}
     load = rates(a, b, groups)
     sleep = float(spec["sleep"])
@@ -202,7 +222,8 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
         "rollout_bytes_per_s": load["actors_bytes_per_s"],
         "actors_cpu_share": load["actors_cpu_share"],
         "learner_cpu_share": load["learner_cpu_share"],
-        "iteration_s": wall / len(steady), "iterations": len(rows),
+        "iteration_s": wall / len(steady), "rollout_s": mean_of(steady, "rollout_s"),
+        "iterations": len(rows),
         "steady_iterations": len(steady), "steady_window_s": wall,
         "run_wall_s": summary["wall_s"], "final_return": summary["final_episode_return_mean"],
         "load_1m_before": load_before, "load_1m_after": os.getloadavg()[0],

@@ -29,7 +29,6 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from _common import (
     update_section,
     write_json,
 )
+from _scale_point import run_isolated
 
 from daskrl.cluster.netns import EmulatedHosts, LinkShape, unavailable
 
@@ -82,12 +82,10 @@ def run_point(system: str, point: dict[str, Any], args: argparse.Namespace) -> d
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         started = time.time()
-        try:
-            done = subprocess.run(["ip", "netns", "exec", hosts.namespace(0), sys.executable,
-                                   str(HERE / "_scale_point.py"), json.dumps(spec)],
-                                  capture_output=True, text=True, cwd=ROOT, env=env,
-                                  timeout=args.point_timeout)
-        except subprocess.TimeoutExpired:
+        done = run_isolated(["ip", "netns", "exec", hosts.namespace(0), sys.executable,
+                             str(HERE / "_scale_point.py"), json.dumps(spec)],
+                            args.point_timeout, cwd=ROOT, env=env)
+        if done is None:
             return {**row, "error": f"stalled: no result within {args.point_timeout:g} s"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:

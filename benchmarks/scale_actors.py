@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ steps at batch 64): the default 2 would make the lab's learner the limit from 16
 FIELDS = ("env_steps_per_s", "ideal_env_steps_per_s", "of_ideal", "learner_busy",
           "policy_lag_mean", "scheduler_tasks_per_s", "scheduler_cpu_share",
           "driver_cpu_s_per_iteration", "weight_bytes_per_s", "rollout_bytes_per_s",
-          "actors_cpu_share", "learner_cpu_share", "iteration_s")
+          "actors_cpu_share", "learner_cpu_share", "iteration_s", "rollout_s", "actor_procs")
 
 
 def point_spec(system: str, actors: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -59,17 +58,19 @@ def point_spec(system: str, actors: int, args: argparse.Namespace) -> dict[str, 
     graph = GRAPHS[system.split(":")[0]]
     return {"distribution": system, "actors": actors, "actor_procs": min(args.procs, actors),
             "sleep": args.env_step_sleep, "iterations": args.iterations, "seed": 1,
+            "task_timeout": args.task_timeout,
             "config": {**CONFIG, **GRAPH_CONFIG.get(graph, {}),
                        **({"hidden": args.hidden} if args.hidden else {})}}
 
 
 def run_point(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one point in a process of its own; its result, or why it has none."""
+    from _scale_point import run_isolated
+
     started = time.time()
-    try:
-        done = subprocess.run([sys.executable, str(HERE / "_scale_point.py"), json.dumps(spec)],
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired:
+    done = run_isolated([sys.executable, str(HERE / "_scale_point.py"), json.dumps(spec)],
+                        timeout, cwd=ROOT)
+    if done is None:
         return {**spec, "error": f"stalled: no result within {timeout:g} s"}
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=0,
                         help="hidden units of every network (0: each graph's default)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each point")
+    parser.add_argument("--task-timeout", type=float, default=600,
+                        help="each run's --task-timeout: the default bound (60 s for a first "
+                             "task) stops one-task-per-rollout impala from 256 actors")
     parser.add_argument("--point-timeout", type=float, default=600,
                         help="seconds a point may take before it counts as stalled")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "scale_actors.json")
