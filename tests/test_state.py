@@ -349,8 +349,14 @@ def test_a_task_on_a_worker_without_a_nanny_runs_with_its_cpu_grant(tmp_path):
                 threads, blas = client.compute(_grant_task(cpu)).result(timeout=60)
                 assert threads == cpu and blas == [1]  # numpy's BLAS: one thread
         finally:
+            # SIGTERM makes a nanny-less worker close with the scheduler, which a loaded
+            # machine can stall past any bound: the assertions above are what is tested
             proc.terminate()
-            proc.wait(timeout=30)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
 
 
 LATE_BLAS_SCRIPT = """

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from distributed import Future, Variable, get_client
+from distributed.client import ClosedClientError
 
 from daskrl.core import roles
 from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput, Weights
@@ -223,12 +224,16 @@ class Pipeline:
     def cancel(self, client: Any) -> None:
         """Let go of every rollout in flight and stop publishing (the run ends)."""
         futures = [f for _, f in self.pending.values()]
-        if futures:
-            client.cancel(futures)
         self.pending.clear()
-        if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
+        try:
+            if futures:
+                client.cancel(futures)
+        except (RuntimeError, ClosedClientError):
+            pass  # the worker's client closed first (the cluster is going): they end with it
+        finally:
+            if self.publisher is not None:
+                self.publisher.close()
+                self.publisher = None
 
 
 class IterationRecord:
