@@ -14,9 +14,10 @@ and each row is the median of the repeats.
 
 Distributions (``--systems``, each ``NAME[:OPTIONS]``): ``actors-learner`` (PPO, lockstep:
 co-located actors fused), ``impala`` as it was (one task per rollout, an update per batch),
-``impala:group=16,batch=auto`` (fused streams, updates on all that landed), ``apex`` (DQN with
-Ape-X's replay shards). Writes the JSON, a markdown table under ``--md`` (section
-``scale-actors``) and a plot of env-steps/s against actors.
+``impala:group=16,batch=auto`` and ``impala:group=64,batch=auto`` (16 or 64 actors fused into
+one stream, updates on all that landed), ``apex`` (DQN with Ape-X's replay shards). Writes
+the JSON, a markdown table under ``--md`` (section ``scale-actors``) and a plot of
+env-steps/s against actors.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from _common import (
 )
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("actors-learner", "impala", "impala:group=16,batch=auto", "apex")
+SYSTEMS = ("actors-learner", "impala", "impala:group=16,batch=auto",
+           "impala:group=64,batch=auto", "apex")
 CONFIG = {"num_envs": 1, "num_steps": 32}
 """Every graph's settings in the lab: one env per actor, 32-step rollouts."""
 GRAPH_CONFIG = {"dqn": {"train_frequency": 8, "learning_starts": 256}}

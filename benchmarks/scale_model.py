@@ -20,7 +20,8 @@ part first takes longer than the rollout is where that part saturates the distri
 actors add no env steps per second. The largest actor count measured is held out of the fit
 and predicted, to check the model.
 
-    python benchmarks/scale_model.py --json benchmarks/results/scale_actors.json
+    python benchmarks/scale_model.py --json benchmarks/results/scale_actors.json \\
+        benchmarks/results/scale_actors_1024.json
 """
 
 from __future__ import annotations
@@ -159,17 +160,17 @@ def main(argv: list[str] | None = None) -> None:
     import json
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=HERE / "results" / "scale_actors.json",
-                        help="scale_actors.py's results")
+    parser.add_argument("--json", type=Path, nargs="+",
+                        default=[HERE / "results" / "scale_actors.json"],
+                        help="scale_actors.py's results (several: their rows together)")
     parser.add_argument("--hold-out", type=int, default=None,
                         help="actor count to predict rather than fit (default: the largest)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "scale_model.json")
     parser.add_argument("--md", type=Path, default=HERE / "scale_actors.md")
     args = parser.parse_args(argv)
-    data = json.loads(args.json.read_text())
-    rows = data["rows"]
+    rows = [row for path in args.json for row in json.loads(path.read_text())["rows"]]
     models = model(rows, args.hold_out)
-    write_json(args.out, {"source": str(args.json), "models": models})
+    write_json(args.out, {"source": [str(p) for p in args.json], "models": models})
     update_section(args.md, "scale-model", table(models))
     print(table(models))
 
