@@ -89,6 +89,10 @@ class FakeHandle:
         self.backend, self.graph, self.first = backend, graph, first
         self.status = "pending"
         self.value: Any = None
+        self.error: BaseException | None = None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self.error
 
     def result(self, timeout: float | None = None) -> Any:
         if self.status == "released":
@@ -96,7 +100,7 @@ class FakeHandle:
         if self.status == "pending":
             fail = self.backend.fail_at.pop(self.first, None)
             if fail is not None:
-                self.status = "error"
+                self.status, self.error = "error", fail
                 raise fail
             with dask.config.set(scheduler="sync"):
                 self.value = self.graph.compute()
@@ -332,6 +336,22 @@ def test_a_worker_that_does_not_come_back_stops_the_run_with_a_clear_error(tmp_p
 
 
 # ------------------------------------------------------------------------- resume
+
+
+class TimingOutFetch(FakeBackend):
+    """A fetch that times out on an event loop too busy to answer, the task failed meanwhile."""
+
+    def fetch(self, handle: FakeHandle, timeout: float) -> Any:
+        try:
+            return handle.result(timeout)
+        except ValueError:
+            raise TimeoutError("the fetch timed out") from None
+
+
+def test_a_failed_task_raises_its_own_error_not_the_fetch_s_timeout(tmp_path):
+    backend = TimingOutFetch(fail_at={2: ValueError("iteration 3 found a NaN")})
+    with pytest.raises(ValueError, match="found a NaN"):
+        train(backend, ALGO, Counting(), _settings(tmp_path, 5))
 
 
 def test_resume_starts_from_the_checkpoint_and_continues_the_metrics(tmp_path):

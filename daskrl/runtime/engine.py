@@ -28,6 +28,9 @@ class Handle(Protocol):
     def result(self, timeout: float | None = None) -> Any:
         """Wait (up to ``timeout`` seconds, else raise ``TimeoutError``) and return the value."""
 
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error the computation raised (None if it did not)."""
+
     def cancel(self) -> Any:
         """Give up on it."""
 

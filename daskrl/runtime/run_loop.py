@@ -198,8 +198,11 @@ class RunLoop:
                 # UnboundLocalError: on an event loop too busy to answer in time (many thread
                 # workers' upkeep), distributed.utils.sync lets the wait's CancelledError pass
                 # and returns a result it never set; the task itself is fine: ask again
-                if handle.status == "error":
-                    raise  # the task's own error
+                if handle.status == "error":  # the task failed: raise its error, not ours
+                    own = handle.exception(timeout=fetch)
+                    if own is not None:
+                        raise own from None
+                    raise
                 self._check_pins()
                 fetch = min(2 * fetch, 60.0)  # large data on a slow link: wait longer each time
 

@@ -25,6 +25,10 @@ class _Done:
     def result(self, timeout: float | None = None) -> Any:
         return self.value
 
+    def exception(self, timeout: float | None = None) -> None:
+        """None: a local result is computed without error or not at all."""
+        return None
+
     def cancel(self) -> None:
         return None
 
