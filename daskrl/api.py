@@ -29,7 +29,7 @@ from daskrl.cluster.local import (
 )
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.failures import StopAsked
-from daskrl.core.script import load_graph
+from daskrl.core.script import MissingExtra, load_graph
 from daskrl.distributions import Distribution, get_distribution
 from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, check_distribution, check_settings
@@ -134,8 +134,9 @@ class Run:
         try:
             import pandas
         except ImportError:
-            raise ImportError("Run.metrics needs pandas: pip install pandas (or read "
-                              f"{self.out / 'metrics.csv'} with the csv module)") from None
+            raise MissingExtra("Run.metrics", "notebook", "pandas",
+                               f" (or read {self.out / 'metrics.csv'} with the csv module)"
+                               ) from None
         return pandas.read_csv(self.out / "metrics.csv")
 
     @property

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from daskrl.core.resources import parse_role_resources
-from daskrl.core.script import UserError, build_algorithm
+from daskrl.core.script import MissingExtra, UserError, build_algorithm
 from daskrl.run_flags import graph_path, parse_command_line
 
 
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"wrote {path}")
             except (FileNotFoundError, ValueError) as exc:
                 raise UserError(str(exc)) from None
-    except UserError as exc:
+    except (UserError, MissingExtra) as exc:
         print(f"daskrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -65,3 +65,21 @@ def test_a_refused_distribution_is_not_drawn():
     with pytest.raises(ValueError, match="'split-actor' capability"):
         iteration_graph(str(ROOT / "graphs/mappo.py"), "central-inference",
                         {"num_envs": 4, "num_steps": 2})
+
+
+def test_daskrl_graph_without_the_graphviz_package_says_which_extra_in_one_line(tmp_path):
+    """As on a machine without ``daskrl[graph]``: the import fails, the CLI says one line."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['graphviz'] = None\n"  # `import graphviz` now fails
+            "from daskrl.cli import main\n"
+            f"sys.exit(main(['graph', {str(ROOT / 'graphs/ppo.py')!r}, '--out', "
+            f"{str(tmp_path / 'g.svg')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "daskrl: error: drawing graphs needs the graphviz package: pip install 'daskrl[graph]' "
+        "(and Debian's graphviz for `dot`)"]
+    assert not (tmp_path / "g.svg").exists()

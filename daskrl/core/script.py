@@ -16,6 +16,21 @@ class UserError(Exception):
     """Bad input: reported as one line on stderr with a non-zero exit."""
 
 
+class MissingExtra(ImportError):
+    """An optional package is not installed: the CLI reports it in one line, naming the
+    extra that installs it.
+
+    Examples
+    --------
+    >>> str(MissingExtra("drawing graphs", "graph", "graphviz"))
+    "drawing graphs needs graphviz: pip install 'daskrl[graph]'"
+    """
+
+    def __init__(self, what: str, extra: str, package: str, hint: str = "") -> None:
+        super().__init__(f"{what} needs {package}: pip install 'daskrl[{extra}]'{hint}")
+        self.extra, self.package = extra, package
+
+
 def load_graph(path: str) -> types.ModuleType:
     """Import a graph script by path; it must define ``Config`` and ``build(config)``.
 

@@ -21,6 +21,7 @@ from daskrl.core.fragment import Fragment
 from daskrl.core.keys import task_key
 from daskrl.core.placement import plan_placement
 from daskrl.core.roles import evaluate
+from daskrl.core.script import MissingExtra
 from daskrl.distributions import Distribution, IterationInputs, get_distribution
 
 EXAMPLE_WORKERS: dict[str, dict[str, float]] = {
@@ -92,8 +93,8 @@ def to_digraph(graph: Delayed, title: str = "") -> Any:
     try:
         import graphviz
     except ImportError:
-        raise ImportError("drawing graphs needs the graphviz package: pip install "
-                          "'daskrl[graph]' (and Debian's graphviz for `dot`)") from None
+        raise MissingExtra("drawing graphs", "graph", "the graphviz package",
+                           " (and Debian's graphviz for `dot`)") from None
     hlg = graph.__dask_graph__()
     deps = hlg.get_all_dependencies()
     annotations = graph_annotations(graph)
