@@ -75,6 +75,8 @@ class WorkerSpec:
     """The network namespace it runs in (None: this process's)."""
     host: str = "127.0.0.1"
     """The address it listens on (its namespace's, when it has one)."""
+    cpus: tuple[int, ...] | None = None
+    """The CPUs it may run on (None: any): a host of its own, on one machine."""
 
 
 class HostProcess(ProcessInterface):
@@ -93,13 +95,17 @@ class HostProcess(ProcessInterface):
         Run under ``ip netns exec netns``.
     env : dict, optional
         Environment variables added to this process's (see :data:`LAB_CONFIG`).
+    cpus : sequence of int, optional
+        Start it under ``taskset`` on these CPUs only, so that its threads, made later,
+        inherit them (an affinity set on a running process binds its main thread only).
     """
 
     def __init__(self, scheduler: str | None = None, cls: str = "distributed.Worker",
                  netns: str | None = None, env: Mapping[str, str] | None = None,
-                 **opts: Any) -> None:
+                 cpus: Sequence[int] | None = None, **opts: Any) -> None:
         super().__init__()
         self.scheduler, self.cls, self.netns, self.opts = scheduler, cls, netns, opts
+        self.cpus = tuple(cpus) if cpus is not None else None
         self.env = {**os.environ, **THREAD_ENV, **dask_env(LAB_CONFIG), **(env or {})}
         self.process: asyncio.subprocess.Process | None = None
         self.log = Path(tempfile.gettempdir()) / f"daskrl-host-{uuid.uuid4().hex[:8]}.log"
@@ -130,6 +136,8 @@ class HostProcess(ProcessInterface):
             file = Path(tempfile.gettempdir()) / f"daskrl-scheduler-{uuid.uuid4().hex}.json"
             opts["scheduler_file"] = str(file)
         cmd += ["--spec", json.dumps({"cls": self.cls, "opts": opts})]
+        if self.cpus is not None:
+            cmd = ["taskset", "-c", ",".join(map(str, self.cpus)), *cmd]
         if self.netns is not None:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         with self.log.open("wb") as log:
@@ -165,19 +173,22 @@ class HostProcess(ProcessInterface):
 
 
 def host_cluster(workers: Sequence[WorkerSpec], host: str = "127.0.0.1",
-                 netns: str | None = None, env: Mapping[str, str] | None = None
-                 ) -> SpecCluster:
+                 netns: str | None = None, env: Mapping[str, str] | None = None,
+                 scheduler_cpus: Sequence[int] | None = None) -> SpecCluster:
     """A ``SpecCluster`` with the scheduler and each of ``workers`` in a process of its own.
 
-    The scheduler listens on ``host`` (in namespace ``netns`` when given), serves no
-    dashboard, and each worker runs as its :class:`WorkerSpec` says. ``env`` is added to
-    every process's environment. Wait for the workers with ``Client.wait_for_workers``.
+    The scheduler listens on ``host`` (in namespace ``netns`` when given), runs on
+    ``scheduler_cpus`` (default: any), serves no dashboard, and each worker runs as its
+    :class:`WorkerSpec` says. ``env`` is added to every process's environment. Wait for the
+    workers with ``Client.wait_for_workers``.
     """
     scheduler = {"cls": HostProcess,
                  "options": {"cls": "distributed.Scheduler", "netns": netns, "env": env,
-                             "host": host, "port": 0, "dashboard": False}}
+                             "cpus": scheduler_cpus, "host": host, "port": 0,
+                             "dashboard": False}}
     specs = {w.name: {"cls": HostProcess,
                       "options": {"cls": "distributed.Worker", "netns": w.netns, "env": env,
+                                  "cpus": w.cpus,
                                   "name": w.name, "nthreads": w.nthreads,
                                   "resources": dict(w.resources), "host": w.host,
                                   "dashboard": False}}
