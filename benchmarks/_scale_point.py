@@ -6,9 +6,12 @@ The cluster (:func:`daskrl.cluster.hosts.host_cluster`): the scheduler in a proc
 own, ``actor_procs`` worker processes sharing the actors as threads (each advertises one CPU
 slot per actor it hosts), and a learner worker that offers only the resource ``learner_host``,
 which the learner (and Ape-X's replay shards) ask for: no rollout runs beside the learner.
-The driver is this process. While the run trains, a thread samples the cluster's counters
-every ``SAMPLE_S`` (:mod:`daskrl.observe.cluster_load`); the steady state is the run's
-iterations after the first quarter, and every rate is taken over that window.
+The driver is this process. With ``learner_cpus`` in the spec the learner's worker runs on
+those CPUs only and the scheduler, the actors and the driver on the others: the learner a
+host of its own, as it would be on a cluster. While the run trains, a thread samples the
+cluster's counters every ``SAMPLE_S`` (:mod:`daskrl.observe.cluster_load`); the steady
+state is the run's iterations after the first quarter, and every rate is taken over that
+window.
 """
 
 from __future__ import annotations
@@ -61,22 +64,50 @@ def run_isolated(cmd: Sequence[str], timeout: float, **kwargs: Any
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def cpu_split(spec: Mapping[str, Any]) -> tuple[tuple[int, ...] | None,
+                                                 tuple[int, ...] | None]:
+    """The CPUs of the learner's worker and of everything else: ``(None, None)`` without
+    ``learner_cpus`` in the spec (every process may run anywhere).
+
+    Examples
+    --------
+    >>> cpu_split({})
+    (None, None)
+    >>> learner, rest = cpu_split({"learner_cpus": [0]})
+    >>> learner, 0 in rest
+    ((0,), False)
+    """
+    wanted = spec.get("learner_cpus")
+    if not wanted:
+        return None, None
+    usable = sorted(os.sched_getaffinity(0))
+    learner = tuple(int(c) for c in wanted)
+    rest = tuple(c for c in usable if c not in learner)
+    if not rest or not set(learner) <= set(usable):
+        raise ValueError(f"learner_cpus {list(learner)}: this process may use CPUs {usable}; "
+                         "give the learner a strict subset of them")
+    return learner, rest
+
+
 def worker_specs(spec: Mapping[str, Any]) -> list[WorkerSpec]:
     """The actor workers (``a0``...) and the learner's worker of a point.
 
     ``spec["hosts"]`` (emulated hosts) names, per worker in that order, its namespace and
-    address; otherwise every worker listens on 127.0.0.1.
+    address; otherwise every worker listens on 127.0.0.1. ``spec["learner_cpus"]`` pins
+    the learner's worker to those CPUs and the actors' to the rest (:func:`cpu_split`).
     """
     actors, procs = int(spec["actors"]), int(spec["actor_procs"])
     per = [actors // procs + (i < actors % procs) for i in range(procs)]
     hosts = list(spec.get("hosts") or [])
+    learner_cpus, rest = cpu_split(spec)
     out = []
     for i, n in enumerate(per):
         ns, addr = hosts[i] if hosts else (None, "127.0.0.1")
-        out.append(WorkerSpec(f"a{i}", nthreads=n, resources={"CPU": n}, netns=ns, host=addr))
+        out.append(WorkerSpec(f"a{i}", nthreads=n, resources={"CPU": n}, netns=ns, host=addr,
+                              cpus=rest))
     ns, addr = hosts[procs] if hosts else (None, "127.0.0.1")
     out.append(WorkerSpec("learner", nthreads=4, resources={"learner_host": 4}, netns=ns,
-                          host=addr))
+                          host=addr, cpus=learner_cpus))
     return out
 
 
@@ -138,16 +169,37 @@ class Sampler:
         return self.samples[i], self.driver_cpu[i][1]
 
 
-def steady_rows(rows: Sequence[Mapping[str, str]], skip: float = 0.25) -> tuple[int, int]:
+def steady_rows(rows: Sequence[Mapping[str, str]], skip: float = 0.25,
+                ideal: float | None = None) -> tuple[int, int]:
     """The ``[first, last]`` row indices of the steady state: after the first ``skip`` of
-    the iterations (at least one), up to the last.
+    the iterations (at least one), up to the last, and, with ``ideal`` (env steps a
+    second), after the backlog is drained.
+
+    Free-running actors keep rolling out while the learner starts, so the first updates
+    drain a backlog of finished rollouts, at up to several times the rate the actors can
+    sustain; an iteration faster than ``ideal`` can only be that, and the one after it is
+    partly that. The window starts two iterations after the last one above ``ideal`` in
+    the first half of the run (later, a fast iteration is a catch-up after a stall, which
+    the window keeps with its stall).
 
     Examples
     --------
     >>> steady_rows([{}] * 8), steady_rows([{}] * 2)
     ((2, 7), (1, 1))
+    >>> rates = [0.1, 4.0, 3.5, 1.2, 0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8]
+    >>> rows = [{"iteration_env_steps": "100", "iteration_s": str(100 / r)} for r in rates]
+    >>> steady_rows(rows), steady_rows(rows, ideal=1.0)
+    ((3, 11), (5, 11))
+    >>> rows[-1]["iteration_s"] = "50"  # a catch-up at the end: kept in the window
+    >>> steady_rows(rows, ideal=1.0)
+    (5, 11)
     """
     first = min(len(rows) - 1, max(1, math.floor(skip * len(rows))))
+    if ideal:
+        fast = [i for i, r in enumerate(rows[:len(rows) // 2])
+                if float(r["iteration_env_steps"]) > ideal * float(r["iteration_s"])]
+        if fast:
+            first = min(len(rows) - 1, max(first, fast[-1] + 2))
     return first, len(rows) - 1
 
 
@@ -179,7 +231,11 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="daskrl-scale-")) / "run"
     steps = int(spec["iterations"]) * algo.steps_per_iteration
     load_before = os.getloadavg()[0]
-    with host_cluster(specs, host=scheduler_host, netns=scheduler_ns) as cluster:
+    learner_cpus, rest = cpu_split(spec)  # before this process's own CPUs shrink
+    if rest is not None:  # the driver beside the scheduler and the actors
+        os.sched_setaffinity(0, rest)
+    with host_cluster(specs, host=scheduler_host, netns=scheduler_ns,
+                      scheduler_cpus=rest) as cluster:
         client = connect(cluster.scheduler_address, timeout=60)
         try:
             client.wait_for_workers(len(specs), timeout=120)
@@ -195,7 +251,9 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
             client.close()
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    first, last = steady_rows(rows)
+    sleep = float(spec["sleep"])
+    ideal = int(spec["actors"]) * algo.num_envs / sleep if sleep > 0 else None
+    first, last = steady_rows(rows, ideal=ideal)
     steady = rows[first:last + 1]
     # each iteration's time on the learner's clock (from one learner's end to the next:
     # a task of several iterations records them all at once, so wall_s would not do)
@@ -206,12 +264,11 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
     env_steps = sum(int(float(r["iteration_env_steps"])) for r in steady)
     groups = {"actors": {w.name for w in specs if w.name != "learner"}, "learner": {"learner"}}
     load = rates(a, b, groups)
-    sleep = float(spec["sleep"])
-    ideal = int(spec["actors"]) * algo.num_envs / sleep if sleep > 0 else None
     result = {
         "distribution": spec["distribution"], "actors": int(spec["actors"]),
         "envs_per_actor": algo.num_envs, "steps_per_rollout": algo.num_steps,
         "actor_procs": int(spec["actor_procs"]), "env_step_sleep": sleep,
+        "learner_cpus": list(learner_cpus) if learner_cpus else None,
         "env_steps_per_s": env_steps / wall, "ideal_env_steps_per_s": ideal,
         "of_ideal": env_steps / wall / ideal if ideal else None,
         "learner_busy": learner_busy(steady), "policy_lag_mean": mean_of(steady, "policy_lag"),
@@ -224,7 +281,7 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
         "learner_cpu_share": load["learner_cpu_share"],
         "iteration_s": wall / len(steady), "rollout_s": mean_of(steady, "rollout_s"),
         "iterations": len(rows),
-        "steady_iterations": len(steady), "steady_window_s": wall,
+        "steady_first": first, "steady_iterations": len(steady), "steady_window_s": wall,
         "run_wall_s": summary["wall_s"], "final_return": summary["final_episode_return_mean"],
         "load_1m_before": load_before, "load_1m_after": os.getloadavg()[0],
     }

@@ -60,7 +60,7 @@ def point_spec(system: str, actors: int, args: argparse.Namespace) -> dict[str, 
     graph = GRAPHS[system.split(":")[0]]
     return {"distribution": system, "actors": actors, "actor_procs": min(args.procs, actors),
             "sleep": args.env_step_sleep, "iterations": args.iterations, "seed": 1,
-            "task_timeout": args.task_timeout,
+            "task_timeout": args.task_timeout, "learner_cpus": args.learner_cpus,
             "config": {**CONFIG, **GRAPH_CONFIG.get(graph, {}),
                        **({"hidden": args.hidden} if args.hidden else {})}}
 
@@ -148,10 +148,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="distributions NAME[:OPTIONS] to measure")
     parser.add_argument("--procs", type=int, default=2,
                         help="worker processes the actors share as threads")
-    parser.add_argument("--iterations", type=int, default=12,
-                        help="iterations per run (the first quarter is warm-up)")
+    parser.add_argument("--iterations", type=int, default=48,
+                        help="iterations per run (warm-up: the first quarter, and the "
+                             "drain of the rollouts that piled up while the learner started)")
     parser.add_argument("--hidden", type=int, default=0,
                         help="hidden units of every network (0: each graph's default)")
+    parser.add_argument("--learner-cpus", type=int, nargs="+", default=None,
+                        help="CPUs the learner's worker runs on alone; the scheduler, the "
+                             "actors and the driver get the others (default: all share all)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each point")
     parser.add_argument("--task-timeout", type=float, default=600,
                         help="each run's --task-timeout: the default bound (60 s for a first "
