@@ -6,6 +6,7 @@ and the run goes on; deterministic mode and oversized replays are refused in one
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,9 +68,9 @@ def test_epsilon_ladder_follows_apex():
 
 def test_replay_shards_run_on_the_replay_worker(client, tmp_path):
     algo = _algo()
-    train(client, algo, get_distribution("apex:refresh_every=2,stale=1"),
-          RunSettings(out=tmp_path, steps=6 * algo.steps_per_iteration, seed=2, progress=False,
-                      tensorboard=False, eval=False))
+    summary = train(client, algo, get_distribution("apex:refresh_every=2,stale=1"),
+                    RunSettings(out=tmp_path, steps=6 * algo.steps_per_iteration, seed=2,
+                                progress=False, tensorboard=False, eval=False))
     rows = _rows(tmp_path)
     for r in rows:  # every shard task ran on w2, the replay worker; actors and learner did not
         assert {w.split("@")[1] for w in r["replay_workers"].split(";")} == {"w2"}
@@ -83,6 +84,13 @@ def test_replay_shards_run_on_the_replay_worker(client, tmp_path):
     assert float(rows[0]["gradient_steps"]) == 0  # waits for --learning-starts
     assert float(rows[-1]["gradient_steps"]) > 0
     assert int(rows[-1]["replay_lost"]) == 0
+    # summary.json's headline figures: the steady iterations' (all but the first) means
+    assert summary["policy_lag_mean"] == pytest.approx((1 + 1 + 2 + 1 + 2) / 5)
+    assert summary["replay_size"] == sizes[-1]
+    drawn = sum(float(r["replay_samples"]) for r in rows[1:])
+    took = sum(float(r["iteration_s"]) for r in rows[1:])
+    assert drawn > 0 and summary["replay_samples_per_s"] == pytest.approx(drawn / took)
+    assert json.loads((tmp_path / "summary.json").read_text())["replay_size"] == sizes[-1]
 
 
 def test_a_killed_replay_worker_is_rebuilt_and_the_run_goes_on(client, tmp_path):

@@ -161,6 +161,11 @@ def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
     # in turn, the learner waits for every rollout (how long depends on the machine)
     assert all(0 < float(r["learner_busy"]) <= 1 for r in rows)
     assert "learner busy: " in report(tmp_path)
+    # summary.json carries the headline figures: the means after the first iteration
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    busy = [float(r["learner_busy"]) for r in rows[1:]]
+    assert saved["learner_busy_mean"] == pytest.approx(sum(busy) / len(busy))
+    assert saved["policy_lag_mean"] == 0
 
 
 def test_batch_makes_one_update_of_several_rollouts(tmp_path: Path) -> None:
@@ -218,8 +223,12 @@ def test_learns_cartpole_with_free_running_actors(tmp_path: Path) -> None:
     assert summary["eval_return_mean"] >= 195, summary
     rows = _rows(out / "metrics.csv")
     for r in rows:  # every batch's lag, in arrival order: one per actor per iteration
-        lags = r["policy_lags"].split()
-        assert len(lags) == 2 and all(int(x.split(":")[1]) >= 0 for x in lags)
+        lags = [int(x.split(":")[1]) for x in r["policy_lags"].split()]
+        # no batch acted on weights newer than the learner's, and the row's figures are
+        # these batches' (a lag counted from the wrong version breaks one of them)
+        assert 0 <= min(lags) and max(lags) < int(r["weights_version"])
+        assert float(r["policy_lag"]) == pytest.approx(sum(lags) / 2)
+        assert int(r["policy_lag_max"]) == max(lags)
         assert 0 < float(r["learner_busy"]) <= 1
     # the actors did not wait for the learner: batches acted on weights updates behind
     assert max(float(r["policy_lag_max"]) for r in rows) >= 1

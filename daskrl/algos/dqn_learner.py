@@ -220,6 +220,7 @@ class DQNLearner:
         out = [{k: np.concatenate(v) if v else np.zeros(0) for k, v in u.items()}
                for u in updates]
         metrics["gradient_steps"] = steps
+        metrics["replay_samples"] = steps * h.batch_size  # rows drawn from the shards
         metrics.update({f"losses/{k}": v for k, v in means.means().items()})
         return metrics, out
 

@@ -43,6 +43,7 @@ results depend on the order tasks finish: no ``--deterministic``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 import time
@@ -255,6 +256,22 @@ class Apex(Distribution):
     name = "apex"
     requires = frozenset({"replay"})
     deterministic = False
+    headline = ("learner_busy", "policy_lag")
+
+    def headline_figures(self, columns: Mapping[str, Sequence[float]]) -> dict[str, float]:
+        """Also the replay's size at the end and the rows the learner drew from it a second
+        (over the steady iterations' time)."""
+        out = super().headline_figures(columns)
+        size = [v for v in columns.get("replay_size") or [] if not math.isnan(v)]
+        if size:
+            out["replay_size"] = size[-1]
+        drawn, took = list(columns.get("replay_samples") or [])[1:], list(
+            columns.get("iteration_s") or [])[1:]
+        pairs = [(d, t) for d, t in zip(drawn, took, strict=False)
+                 if not (math.isnan(d) or math.isnan(t))]
+        if pairs and sum(t for _, t in pairs) > 0:
+            out["replay_samples_per_s"] = sum(d for d, _ in pairs) / sum(t for _, t in pairs)
+        return out
 
     def __init__(self, refresh_every: int | str = 4, stale: int | str = 0) -> None:
         self.refresh_every = to_int("refresh_every", refresh_every)

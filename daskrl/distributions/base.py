@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -97,6 +98,32 @@ class Distribution(ABC):
     replaceable: ClassVar[frozenset[str]] = frozenset()
     """Roles whose tasks the distribution moves to another worker itself when theirs is
     lost: losing a worker that hosted only these does not stop the run."""
+
+    headline: ClassVar[tuple[str, ...]] = ()
+    """``metrics.csv`` columns whose mean over the run's steady iterations (all but the
+    first) ``summary.json`` carries as ``<column>_mean``: the figures a user of this
+    distribution looks for first (:meth:`headline_figures`)."""
+
+    def headline_figures(self, columns: Mapping[str, Sequence[float]]) -> dict[str, float]:
+        """``summary.json``'s headline figures from the run's metrics columns: the mean of
+        each :attr:`headline` column over the iterations after the first (the first carries
+        the start-up), NaN cells left out; a column the run never wrote is left out.
+
+        Examples
+        --------
+        >>> class Lagging(Distribution):
+        ...     name, headline = "lagging", ("policy_lag",)
+        ...     def fragments(self, algo): return []
+        ...     def iteration(self, inputs): return None
+        >>> Lagging().headline_figures({"policy_lag": [9.0, 1.0, 2.0, float("nan")]})
+        {'policy_lag_mean': 1.5}
+        """
+        out = {}
+        for column in self.headline:
+            values = [v for v in list(columns.get(column) or [])[1:] if not math.isnan(v)]
+            if values:
+                out[f"{column}_mean"] = sum(values) / len(values)
+        return out
 
     def required(self, algo: Algorithm) -> dict[str, str]:
         """The capabilities it needs of ``algo`` with these options, each with the fix to

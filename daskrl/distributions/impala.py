@@ -139,6 +139,7 @@ class Impala(Distribution):
     """
 
     name = "impala"
+    headline = ("learner_busy", "policy_lag", "learner_wait_s")
     requires = frozenset({"vtrace"})
     deterministic = False  # batches are consumed in the order they land
     dynamic = True

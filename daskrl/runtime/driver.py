@@ -32,6 +32,7 @@ from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.observe.board_feed import RunFeed
 from daskrl.observe.metrics import write_summary
+from daskrl.observe.plot import read_metrics
 from daskrl.observe.timeline import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
 from daskrl.runtime.checkpoint import load_for_resume, load_latest
@@ -254,6 +255,8 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
         recorder.close()
     loop.checkpoint()
     summary = _summary(settings, algo, distribution, loop)
+    if loop.total > 0:  # the distribution's own figures, from the metrics just written
+        summary.update(distribution.headline_figures(read_metrics(out)))
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
         if "eval_return_mean" in summary and recorder.feed is not None:
