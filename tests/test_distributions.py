@@ -179,9 +179,12 @@ def test_async_applies_every_gradient_once(client, tmp_path):
         assert sorted(ids) == sorted(f"{a}.{j}" for a in range(2) for j in range(4))
         used = [int(a.split("@")[1]) for a in applied]
         assert all(version <= u < version + len(applied) for u in used)
+        # staleness: the versions applied since the one the gradient was computed with
+        staleness = [version + i - u for i, u in enumerate(used)]
         version += len(applied)
         assert int(row["grads_applied"]) == 8 and int(row["weights_version"]) == version
-        assert float(row["staleness_max"]) >= 0
+        assert int(row["staleness_max"]) == max(staleness)
+        assert float(row["staleness_mean"]) == pytest.approx(sum(staleness) / len(staleness))
     assert summary["env_steps"] > 0
 
 
