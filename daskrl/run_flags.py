@@ -29,11 +29,11 @@ def run_parser(graph_flags_help: str | None = None
     """The run flags' parser, and each graph command's run flags (a graph's Config adds its
     own, parsed by :func:`parse_config`; ``graph_flags_help`` ends their ``--help``)."""
     from daskrl.cluster.jobqueue_spec import add_jobqueue_flags
-    from daskrl.distributions import DISTRIBUTIONS
+    from daskrl.distributions import NAMES
 
     epilog = (graph_flags_help if graph_flags_help else
               "graph settings: `daskrl train GRAPH --help` lists the flags of GRAPH's Config")
-    names = ", ".join(sorted(DISTRIBUTIONS))
+    names = ", ".join(NAMES)
     subparser = {"allow_abbrev": False, "formatter_class": argparse.RawDescriptionHelpFormatter}
     parser = _Parser(prog="daskrl", allow_abbrev=False,
                      description="Reinforcement learning as resource-annotated Dask graphs.")

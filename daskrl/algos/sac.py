@@ -1,6 +1,6 @@
 """SAC for continuous actions: twin Q-networks, a tanh-squashed Gaussian policy and automatic
 entropy tuning (CleanRL's ``sac_continuous_action`` maths), with its replay resident in the
-learner as DQN's is (:mod:`daskrl.algos.dqn`).
+learner as DQN's is (:mod:`daskrl.algos.dqn_learner`).
 
 The learner takes an iteration's minibatches from the replay in one sample, steps fused Adam
 optimisers, moves the target critics with one call and reads its losses once per iteration

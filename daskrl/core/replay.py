@@ -3,7 +3,8 @@ samples and an actor that explores on a fixed schedule offer (capability ``repla
 
 Under the ``apex`` distribution, actors write transitions with initial priorities to replay
 shards resident on their own workers; the learner learns from the shards' samples and sends
-new priorities back. :mod:`daskrl.algos.replay` and :mod:`daskrl.algos.dqn` implement these.
+new priorities back. :mod:`daskrl.algos.replay` and :mod:`daskrl.algos.dqn_learner`
+implement these.
 """
 
 from __future__ import annotations

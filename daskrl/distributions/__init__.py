@@ -31,9 +31,6 @@ KINDS: dict[str, type[Distribution]] = {
 NAMES: tuple[str, ...] = tuple(sorted(KINDS))
 """The distribution names, sorted (for help texts)."""
 
-DISTRIBUTIONS = NAMES
-"""The distribution names (an older spelling of :data:`NAMES`)."""
-
 
 def get_distribution(spec: str, **options: Any) -> Distribution:
     """A new distribution for one run, named by ``spec`` (``NAME[:KEY=VALUE[,KEY=VALUE]]``).
@@ -67,5 +64,5 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
     return cls(**parsed)
 
 
-__all__ = ["DISTRIBUTIONS", "KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",
+__all__ = ["KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",
            "get_distribution"]
