@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 
 def daskrl(*args: str) -> None:
     """Run the CLI as a user would; fail with its stderr."""
@@ -27,8 +29,6 @@ def step(env_id: str, backend: str = "gymnasium") -> None:
     from daskrl.core.envs import make_vector_env
 
     envs = make_vector_env(env_id, 2, seed=0, backend=backend)
-    import numpy as np
-
     envs.reset(seed=0)
     space = envs.single_action_space  # what every vector env here declares
     for _ in range(8):

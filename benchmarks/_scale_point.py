@@ -9,9 +9,9 @@ which the learner (and Ape-X's replay shards) ask for: no rollout runs beside th
 The driver is this process. With ``learner_cpus`` in the spec the learner's worker runs on
 those CPUs only and the scheduler, the actors and the driver on the others: the learner a
 host of its own, as it would be on a cluster. While the run trains, a thread samples the
-cluster's counters every ``SAMPLE_S`` (:mod:`daskrl.observe.cluster_load`); the steady
-state is the run's iterations after the first quarter, and every rate is taken over that
-window.
+cluster's counters every ``SAMPLE_S`` (:mod:`daskrl.observe.cluster_load`); every rate is
+taken over the steady state (:func:`steady_rows`: after the first quarter and after the
+drain of the rollouts that piled up while the learner started).
 """
 
 from __future__ import annotations
@@ -89,17 +89,19 @@ def cpu_split(spec: Mapping[str, Any]) -> tuple[tuple[int, ...] | None,
     return learner, rest
 
 
-def worker_specs(spec: Mapping[str, Any]) -> list[WorkerSpec]:
+def worker_specs(spec: Mapping[str, Any],
+                 cpus: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+                 ) -> list[WorkerSpec]:
     """The actor workers (``a0``...) and the learner's worker of a point.
 
     ``spec["hosts"]`` (emulated hosts) names, per worker in that order, its namespace and
-    address; otherwise every worker listens on 127.0.0.1. ``spec["learner_cpus"]`` pins
-    the learner's worker to those CPUs and the actors' to the rest (:func:`cpu_split`).
+    address; otherwise every worker listens on 127.0.0.1. ``cpus`` (:func:`cpu_split`'s
+    learner and rest) pins the learner's worker and the actors' workers.
     """
     actors, procs = int(spec["actors"]), int(spec["actor_procs"])
     per = [actors // procs + (i < actors % procs) for i in range(procs)]
     hosts = list(spec.get("hosts") or [])
-    learner_cpus, rest = cpu_split(spec)
+    learner_cpus, rest = cpus
     out = []
     for i, n in enumerate(per):
         ns, addr = hosts[i] if hosts else (None, "127.0.0.1")
@@ -226,12 +228,12 @@ def run_point(spec: Mapping[str, Any]) -> dict[str, Any]:
     name, _, opts = str(spec["distribution"]).partition(":")
     options = dict(kv.split("=", 1) for kv in opts.split(",") if kv)
     distribution = get_distribution(name, **options)
-    specs = worker_specs(spec)
+    learner_cpus, rest = cpus = cpu_split(spec)
+    specs = worker_specs(spec, cpus)
     scheduler_ns, scheduler_host = spec.get("scheduler_host") or (None, "127.0.0.1")
     out = Path(tempfile.mkdtemp(prefix="daskrl-scale-")) / "run"
     steps = int(spec["iterations"]) * algo.steps_per_iteration
     load_before = os.getloadavg()[0]
-    learner_cpus, rest = cpu_split(spec)  # before this process's own CPUs shrink
     if rest is not None:  # the driver beside the scheduler and the actors
         os.sched_setaffinity(0, rest)
     with host_cluster(specs, host=scheduler_host, netns=scheduler_ns,
