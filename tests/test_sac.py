@@ -125,15 +125,16 @@ def test_gradient_step_matches_cleanrl_maths():
                 "rewards": rng.normal(size=8).astype(np.float32),
                 "next_obs": rng.normal(size=(8, 3)).astype(np.float32),
                 "discounts": np.full(8, 0.99, np.float32)} for _ in range(4)]
-    for k, sample in enumerate(samples):
-        torch.manual_seed(k)
+    noise = torch.Generator()  # the reference draws the learner's own noise
+    for sample in samples:
+        noise.set_state(learner.generator.get_state())
+        torch.manual_seed(0)  # the global generator is no part of the learner's update
         reported = learner.gradient_step(sample)
-        torch.manual_seed(k)
         obs, act, rew, nxt, disc = (torch.as_tensor(sample[f]) for f in (
             "obs", "actions", "rewards", "next_obs", "discounts"))
         alpha = log_alpha.exp().detach()
         with torch.no_grad():
-            next_act, next_logp = actor.sample(nxt)
+            next_act, next_logp = actor.sample(nxt, noise)
             t1, t2 = qf(nxt, next_act, t1n, t2n)
             target = rew + disc * (torch.min(t1, t2) - alpha * next_logp)
         q1, q2 = qf(obs, act)
@@ -141,7 +142,7 @@ def test_gradient_step_matches_cleanrl_maths():
         qf_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         qf_loss.backward()
         q_opt.step()
-        pi, logp = actor.sample(obs)
+        pi, logp = actor.sample(obs, noise)
         p1, p2 = qf(obs, pi)
         actor_opt.zero_grad()
         actor_loss = (alpha * logp - torch.min(p1, p2)).mean()
@@ -151,7 +152,7 @@ def test_gradient_step_matches_cleanrl_maths():
         assert reported["losses/qf_loss"] == pytest.approx(float(qf_loss), rel=1e-5)
         assert reported["losses/actor_loss"] == pytest.approx(float(actor_loss), rel=1e-5)
         with torch.no_grad():
-            _, logp = actor.sample(obs)
+            _, logp = actor.sample(obs, noise)
         a_opt.zero_grad()
         (-log_alpha.exp() * (logp + learner.target_entropy)).mean().backward()
         a_opt.step()
@@ -202,3 +203,32 @@ def test_a_checkpoint_of_two_separate_critics_loads_into_the_stacked_ones():
     obs, act = torch.randn(5, 3), torch.randn(5, 1)
     for a, b in zip(loaded(obs, act), saved(obs, act), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_the_update_does_not_draw_from_torch_s_global_generator():
+    """Tasks share their worker process's global generator: another task seeding or drawing
+    from it between two updates (a learner or network being built) must not change them,
+    and a learner restored from a state continues with the same noise."""
+    from daskrl.algos.sac import SACActor, SACHyper, SACLearner
+
+    hyper = SACHyper(learning_starts=8, batch_size=4)
+    batch = SACActor("Pendulum-v1", 2, 0, (8,)).rollout(8)
+
+    def two_updates(disturb: bool) -> tuple[dict, SACLearner]:
+        learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(8,),
+                             hyper=hyper)
+        learner.update([batch], 0.0)
+        if disturb:
+            torch.manual_seed(123)
+            torch.rand(7)
+        learner.update([batch], 0.0)
+        return learner.weights(), learner
+
+    calm, learner = two_updates(False)
+    disturbed, _ = two_updates(True)
+    for k in calm:
+        torch.testing.assert_close(calm[k], disturbed[k], rtol=0, atol=0)
+    restored = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=5, hidden=(8,),
+                          hyper=hyper)
+    restored.load_state_dict(learner.state_dict())
+    assert torch.equal(restored.generator.get_state(), learner.generator.get_state())

@@ -233,6 +233,9 @@ class SACLearner:
             self.log_alpha.data.fill_(math.log(hyper.alpha))
         self.a_optimizer = adam([self.log_alpha], hyper.q_lr)
         self.replay = make_replay(hyper.buffer_size, False, seed=seed)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        """The update's own noise (on the learner's device, so a GPU resume is exact too):
+        torch's global generator is shared with every other task in the worker's process."""
         self.env_steps = 0
         self.gradient_steps = 0
         self.replay_lost = 0
@@ -279,7 +282,7 @@ class SACLearner:
         obs, act, nxt = b["obs"], b["actions"], b["next_obs"]
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():
-            next_act, next_logp = self.actor.sample(nxt)
+            next_act, next_logp = self.actor.sample(nxt, self.generator)
             smaller = self.qf_target.both(nxt, next_act).amin(0)
             target = b["rewards"] + b["discounts"] * (smaller - alpha * next_logp)
         q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
@@ -292,7 +295,7 @@ class SACLearner:
         self.gradient_steps += 1
         if self.gradient_steps % h.policy_frequency == 0:
             for _ in range(h.policy_frequency):  # delayed, then as many (CleanRL)
-                pi, logp = self.actor.sample(obs)
+                pi, logp = self.actor.sample(obs, self.generator)
                 actor_loss = (alpha * logp - self.qf.both(obs, pi).amin(0)).mean()
                 self.actor_optimizer.zero_grad()
                 # the actor's gradients only: the critics' would be cleared unused
@@ -300,7 +303,7 @@ class SACLearner:
                 self.actor_optimizer.step()
                 if h.autotune:
                     with torch.no_grad():
-                        _, logp = self.actor.sample(obs)
+                        _, logp = self.actor.sample(obs, self.generator)
                     alpha_loss = (-self.log_alpha.exp() * (logp + self.target_entropy)).mean()
                     self.a_optimizer.zero_grad()
                     alpha_loss.backward()
@@ -316,8 +319,8 @@ class SACLearner:
         return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Networks, optimisers, temperature, counters, RNG and (unless ``save_replay`` is
-        off) the replay."""
+        """Networks, optimisers, temperature, counters, the noise generator's state and
+        (unless ``save_replay`` is off) the replay."""
         state = self._state()
         if self.hyper.save_replay:
             state["replay"] = self.replay.state_dict()
@@ -339,7 +342,7 @@ class SACLearner:
             "actor_optimizer": optimizer_state(self.actor_optimizer),
             "a_optimizer": optimizer_state(self.a_optimizer), "env_steps": self.env_steps,
             "gradient_steps": self.gradient_steps, "replay_size": len(self.replay),
-            "torch_rng": torch.get_rng_state()}
+            "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` or :meth:`light_state_dict`; without the replay's
@@ -353,7 +356,8 @@ class SACLearner:
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.a_optimizer.load_state_dict(state["a_optimizer"])
         self.env_steps, self.gradient_steps = int(state["env_steps"]), int(state["gradient_steps"])
-        torch.set_rng_state(state["torch_rng"])
+        if "generator" in state:  # a state from before the learner had its own keeps the seed's
+            self.generator.set_state(state["generator"])
         self.replay_lost = restore_replay(self.replay, state)
 
 

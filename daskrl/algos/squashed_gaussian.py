@@ -50,11 +50,16 @@ class SquashedGaussian(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
-    def sample(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """Reparameterised actions and their log-probabilities (tanh's Jacobian included)."""
+    def sample(self, obs: Tensor, generator: torch.Generator | None = None
+               ) -> tuple[Tensor, Tensor]:
+        """Reparameterised actions and their log-probabilities (tanh's Jacobian included),
+        the noise drawn from ``generator`` (on the module's device; torch's global one when
+        None)."""
         mean, log_std = self(obs)
         std = log_std.exp()
-        x = mean + std * torch.randn_like(mean)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device,
+                            dtype=mean.dtype)
+        x = mean + std * noise
         y = torch.tanh(x)
         logp = (-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         logp = logp - torch.log(self.scale * (1 - y.pow(2)) + 1e-6).sum(-1)
