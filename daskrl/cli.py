@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from daskrl.cluster.forkserver import WORKER_NUMERICS, imports_without_gc
 from daskrl.core.resources import parse_role_resources
 from daskrl.core.script import MissingExtra, UserError, build_algorithm
 from daskrl.run_flags import graph_path, parse_command_line
@@ -282,10 +283,12 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``daskrl`` console script."""
+    if argv is None:  # this process is the command's own: MKL's kernels by CPU, not alignment
+        for key, value in WORKER_NUMERICS.items():  # read at MKL's first call, not at import
+            os.environ.setdefault(key, value)
     argv = list(sys.argv[1:] if argv is None else argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: checkpoint, cancel jobs
-    from daskrl.cluster.forkserver import imports_without_gc
 
     with imports_without_gc():  # torch, Dask and the graph: the start-up's bulk
         early = _early_cluster(argv)

@@ -82,6 +82,17 @@ and a task that wants more sets torch's threads from its CPU grant; pools sized 
 core in every worker would oversubscribe the machine. These are read when numpy and torch
 load, so the fork server sets them before its imports."""
 
+WORKER_NUMERICS: dict[str, str] = {"MKL_CBWR": "AUTO"}
+"""MKL's conditional numerical reproducibility for every worker: one code path per CPU,
+whatever the alignment of the data. Without it MKL's single-precision matrix product picks
+its kernel by the operands' alignment, and the bits of its result change with it: a
+``(n, 64) @ (64, 2)`` product (a 64-unit policy head) gives 4 different results over 16
+alignments of the same input on this project's CI machine (``tests/test_determinism_stress.py``
+checks it). Tensors that arrive in Dask's message frames, or live in numpy's heap, fall at
+any alignment, so results would depend on what a process allocated before. MKL reads it on
+its first call; it costs nothing measurable (a PPO update and rollout within 3 %). A value
+already set in the environment wins."""
+
 WORKER_HASH_SEED = "6640"
 """``PYTHONHASHSEED`` of every worker, so that all hash strings alike (Dask's nanny gives
 the workers it spawns the same value; a forked worker keeps its server's, read when the
@@ -91,7 +102,8 @@ _ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
 
 
 def worker_environ() -> dict[str, str]:
-    """The environment of a worker process: :data:`WORKER_THREADS`, then Dask's
+    """The environment of a worker process: :data:`WORKER_THREADS` and
+    :data:`WORKER_NUMERICS`, then Dask's
     ``distributed.nanny.pre-spawn-environ`` (user settings win), then
     :data:`WORKER_MALLOC` and :data:`WORKER_HASH_SEED`.
 
@@ -103,13 +115,14 @@ def worker_environ() -> dict[str, str]:
     >>> env = worker_environ()
     >>> env["MALLOC_TRIM_THRESHOLD_"] == str(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"])
     True
-    >>> env["OMP_NUM_THREADS"], env["PYTHONHASHSEED"]
-    ('1', '6640')
+    >>> env["OMP_NUM_THREADS"], env["PYTHONHASHSEED"], env["MKL_CBWR"]
+    ('1', '6640', 'AUTO')
     """
     import dask.config
 
-    environ = {**WORKER_THREADS, **dask.config.get(_ENVIRON_KEY, default={}), **WORKER_MALLOC,
-               "PYTHONHASHSEED": WORKER_HASH_SEED}
+    numerics = {k: os.environ.get(k, v) for k, v in WORKER_NUMERICS.items()}
+    environ = {**WORKER_THREADS, **numerics, **dask.config.get(_ENVIRON_KEY, default={}),
+               **WORKER_MALLOC, "PYTHONHASHSEED": WORKER_HASH_SEED}
     return {k: str(v) for k, v in environ.items() if v is not None}
 
 

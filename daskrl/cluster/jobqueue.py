@@ -33,7 +33,7 @@ from distributed import Client
 from distributed.core import Status
 from distributed.deploy.spec import ProcessInterface, SpecCluster
 
-from daskrl.cluster.forkserver import WORKER_DASK_ENV, WORKER_MALLOC
+from daskrl.cluster.forkserver import WORKER_DASK_ENV, WORKER_MALLOC, WORKER_NUMERICS
 from daskrl.cluster.jobqueue_spec import (
     KINDS,
     JobQueueSpec,
@@ -177,7 +177,9 @@ def pool_job_options(spec: JobQueueSpec, pool: str) -> dict[str, Any]:
         "job_name": f"{spec.name}-{pool}", "python": spec.python,
         "log_directory": spec.log_directory, "job_script_prologue": [
             *(f"export {k}={v}" for k, v in WORKER_MALLOC.items()),
-            *(f"export {k}=${{{k}:-{v}}}" for k, v in WORKER_DASK_ENV.items()), *spec.prologue],
+            *(f"export {k}=${{{k}:-{v}}}" for k, v in {**WORKER_NUMERICS,
+                                                       **WORKER_DASK_ENV}.items()),
+            *spec.prologue],
         "worker_extra_args": ["--resources", resources], "job_extra_directives": extra,
     }
     if spec.kind == "slurm":
