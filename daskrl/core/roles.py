@@ -172,7 +172,7 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
         return actor, actor.rollout(steps), built
 
     key = (ctx.run, "rollout", ident)
-    with in_turn(key, ctx.iteration, ctx.after):
+    with in_turn(key, ctx.iteration, ctx.after, strict=ctx.deterministic):
         (actor, batch, built), retries = with_env_retries(ctx, key, collect)
     expect(batch, "rollout", "the actor's rollout(steps)", dict, ("stats",))
     label = "+".join(map(str, replicas)) if len(replicas) > 1 else ctx.replica

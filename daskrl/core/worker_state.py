@@ -318,9 +318,13 @@ class _Turns:
         self.since: dict[int, float] = {}  # iteration -> when it first came out of turn
 
 
+class OutOfTurn(RuntimeError):
+    """A deterministic run's task would step its resident object out of iteration order."""
+
+
 @contextmanager
 def in_turn(key: tuple[Hashable, ...], iteration: int, after: int | None,
-            wait_s: float = TURN_WAIT_S) -> Iterator[None]:
+            wait_s: float = TURN_WAIT_S, strict: bool = False) -> Iterator[None]:
     """Run the body as iteration ``iteration`` of the resident object ``key`` once
     iteration ``after`` of it ran on this worker (at once when ``after`` is None).
 
@@ -329,7 +333,9 @@ def in_turn(key: tuple[Hashable, ...], iteration: int, after: int | None,
     out of turn hands itself back to the scheduler (``distributed.Reschedule``), which
     frees its thread and resources for the earlier one and sends it again. If iteration
     ``after`` has not run within ``wait_s`` (it was lost with its run), the body runs
-    anyway, with a note on stderr. Outside a Dask worker tasks run in order: no check.
+    anyway, with a note on stderr; with ``strict`` (a deterministic run, whose envs must
+    step in one order) it raises :class:`OutOfTurn` instead. Outside a Dask worker tasks
+    run in order: no check.
 
     Examples
     --------
@@ -347,6 +353,14 @@ def in_turn(key: tuple[Hashable, ...], iteration: int, after: int | None,
         if time.monotonic() - since < wait_s:
             time.sleep(TURN_RETRY_S)  # the earlier one may still be on its way
             raise Reschedule()
+        turns.since.pop(iteration, None)
+        if strict:
+            raise OutOfTurn(
+                f"{key}: iteration {after} did not run on worker {worker_name()} within "
+                f"{wait_s:.0f} s, and a deterministic run cannot step these envs out of "
+                f"order for iteration {iteration}; run without --deterministic, or find what "
+                "held iteration "
+                f"{after} back (`daskrl profile`, the dashboard's task stream)")
         print(f"daskrl: {key}: iteration {after} did not run within {wait_s:.0f} s; "
               f"running iteration {iteration} without it", file=sys.stderr)
     turns.since.pop(iteration, None)
