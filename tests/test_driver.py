@@ -201,6 +201,9 @@ class FakeBackend:
     def memory_limits(self) -> dict[str, int | None]:
         return dict.fromkeys(self.addresses)
 
+    def worker_environ(self, names: tuple[str, ...]) -> dict[str, dict[str, str | None]]:
+        return {name: {n: "AUTO" for n in names} for name in self.addresses}
+
     def publish(self, topic: str, msg: Any) -> None:
         self.published.append((topic, msg))
 

@@ -6,6 +6,7 @@ limits, activity, restarts) with a lost connection turned into one line saying h
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -205,6 +206,14 @@ class DaskBackend:
         with self._asking_scheduler():
             return worker_processes(self.client)
 
+    def worker_environ(self, names: tuple[str, ...]) -> dict[str, dict[str, str | None]]:
+        """``client.run`` on every worker: its process's values of ``names``."""
+        with self._asking_scheduler():
+            info = scheduler_workers(self.client)
+            found = self.client.run(_environ_of, names, on_error="ignore")
+        return {worker_id(w["name"], addr): found.get(addr, dict.fromkeys(names))
+                for addr, w in info.items()}
+
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """The scheduler's task-stream records (start/stop of each task's compute and
         transfers) from cursor ``since`` on; ``since=None`` starts recording and returns
@@ -268,3 +277,8 @@ class DaskBackend:
                 raise RuntimeError(
                     f"task {key!r} was annotated with resources {want} but the scheduler holds "
                     f"{seen[key]}; keep dask's 'optimization.fuse.delayed' off")
+
+
+def _environ_of(names: tuple[str, ...]) -> dict[str, str | None]:
+    """This process's values of the environment variables ``names`` (run on a worker)."""
+    return {n: os.environ.get(n) for n in names}

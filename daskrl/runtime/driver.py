@@ -36,6 +36,7 @@ from daskrl.observe.plot import read_metrics
 from daskrl.observe.timeline import Timeline
 from daskrl.runtime.backend import Backend, DaskBackend
 from daskrl.runtime.checkpoint import load_for_resume, load_latest
+from daskrl.runtime.determinism import NUMERICS, determinism_record, warn_unpinned_numerics
 from daskrl.runtime.memory import check_memory
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.run_loop import Attempt, RunLoop, place
@@ -188,6 +189,8 @@ def train(
     write_config(out, settings.meta)
     placement = place(backend, algo, distribution)
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit
+    if settings.deterministic:
+        warn_unpinned_numerics(backend.worker_environ(NUMERICS))
     total = max(1, math.ceil(settings.steps / algo.steps_per_iteration))
     previous = None
     if settings.resume and first > 0:
@@ -255,6 +258,8 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
         recorder.close()
     loop.checkpoint()
     summary = _summary(settings, algo, distribution, loop)
+    summary["determinism"] = determinism_record(settings.deterministic, distribution,
+                                                backend.worker_environ(NUMERICS))
     if loop.total > 0:  # the distribution's own figures, from the metrics just written
         summary.update(distribution.headline_figures(read_metrics(out)))
     if settings.eval:

@@ -85,6 +85,10 @@ class Backend(Protocol):
     def worker_processes(self) -> dict[str, str]:
         """Worker name -> the process it runs in (thread workers share one)."""
 
+    def worker_environ(self, names: tuple[str, ...]) -> dict[str, dict[str, str | None]]:
+        """Worker name -> the values of the environment variables ``names`` in its process
+        (None: not set)."""
+
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """Dask's task-stream records after cursor ``since``, and the next cursor."""
 

@@ -4,6 +4,7 @@ fragment works."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -106,6 +107,10 @@ class SyncBackend:
     def worker_processes(self) -> dict[str, str]:
         """One worker, this process."""
         return {"local": "local"}
+
+    def worker_environ(self, names: tuple[str, ...]) -> dict[str, dict[str, str | None]]:
+        """This process's values."""
+        return {"local": {n: os.environ.get(n) for n in names}}
 
     def task_stream(self, since: int | None) -> tuple[int, list[dict[str, Any]]]:
         """No task stream: nothing is scheduled."""
