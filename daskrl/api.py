@@ -12,10 +12,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import re
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from daskrl.cluster.local import (
 )
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.failures import StopAsked
+from daskrl.core.resources import Resources, parse_role_resources
 from daskrl.core.script import MissingExtra, load_graph
 from daskrl.distributions import Distribution, get_distribution
 from daskrl.runtime.dask_backend import DaskBackend
@@ -50,11 +52,20 @@ class _StoppableBackend(DaskBackend):
         super().__init__(client, scheduler=scheduler)
         self.stop = stop
 
-    def done(self, handle: Handle, timeout: float) -> bool:
-        """As the Dask backend's, unless a stop was asked for."""
+    def _check(self) -> None:
         if self.stop.is_set():
             raise StopRequested("stopped from Python (Run.stop)")
+
+    def done(self, handle: Handle, timeout: float) -> bool:
+        """As the Dask backend's, unless a stop was asked for."""
+        self._check()
         return super().done(handle, timeout)
+
+    def submit(self, graph: Any) -> Handle:
+        """As the Dask backend's, unless a stop was asked for (before the first iteration,
+        or between the last one and the evaluation)."""
+        self._check()
+        return super().submit(graph)
 
 
 class Run:
@@ -152,10 +163,20 @@ class Run:
 
     def stop(self, timeout: float | None = None) -> Run:
         """End the run with a checkpoint of its last finished iteration; it can go on later
-        with ``daskrl train ... --out OUT --resume``."""
+        with ``daskrl.train(..., out=run.out, resume=True)`` (or ``daskrl train ... --out
+        OUT --resume``).
+
+        The run notices the stop within a second wherever it waits: on an iteration, on the
+        final evaluation, or before its first iteration. Raises ``TimeoutError`` when it
+        still runs after ``timeout`` seconds (a task or checkpoint in progress); the stop
+        stays asked for, so a later :meth:`result` returns once it ends.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"run {self.out} was asked to stop but still runs after "
+                                   f"{timeout} s; call result() to wait for its checkpoint")
         return self
 
     def result(self, timeout: float | None = None) -> Run:
@@ -176,7 +197,10 @@ class Run:
 def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
           client: Client | None = None, distribution: str | Distribution | None = None,
           steps: int = 500_000, out: str | os.PathLike | None = None, wait: bool = True,
-          seed: int = 1, progress: bool = True, **config: Any) -> Run:
+          seed: int = 1, progress: bool = True, resume: bool = False,
+          checkpoint_every: int = 10, eval_every: int = 0, evaluate: bool = True,
+          deterministic: bool = False,
+          resources: Mapping[str, Resources | str] | None = None, **config: Any) -> Run:
     """Train a graph script (its path or module) or an :class:`~daskrl.Algorithm`.
 
     Parameters
@@ -201,6 +225,21 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         The run's seed.
     progress : bool
         Show a progress bar (``tqdm.auto``: a widget in a notebook).
+    resume : bool
+        Continue the run in ``out`` from its latest checkpoint (one :meth:`Run.stop` wrote,
+        say) up to ``steps``; without it an ``out`` holding checkpoints is refused.
+    checkpoint_every : int
+        Iterations between checkpoints (the last finished iteration is checkpointed at
+        the end and on a stop too).
+    eval_every : int
+        Evaluate the policy every this many iterations (0: only at the end).
+    evaluate : bool
+        Run the final evaluation (``summary["eval_return_mean"]``).
+    deterministic : bool
+        Bit-identical weights for ``seed`` whatever the workers (see ``summary["determinism"]``).
+    resources : mapping, optional
+        Role -> resources replacing the graph's, as :class:`~daskrl.Resources` or the
+        ``--resources`` spelling: ``{"learner": "GPU:1", "rollout": Resources(cpu=2)}``.
     **config
         The graph's ``Config`` fields, e.g. ``num_envs=8``.
 
@@ -225,7 +264,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     >>> run = train("graphs/ppo.py", steps=0)
     Traceback (most recent call last):
     ...
-    ValueError: --steps must be >= 1, got 0
+    ValueError: steps must be >= 1, got 0
     >>> from distributed import Client, LocalCluster  # doctest: +SKIP
     >>> client = Client(LocalCluster(n_workers=2, processes=False))  # doctest: +SKIP
     >>> run = train("graphs/ppo.py", client=client, steps=20_000, num_envs=4)  # doctest: +SKIP
@@ -233,15 +272,22 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     ... # doctest: +SKIP
     """
     algo, graph, settings_meta = _algorithm(graph_or_algorithm, config)
+    if resources:
+        algo = algo.with_resources(_role_resources(resources))
     chosen = get_distribution(distribution or algo.distribution) if not isinstance(
         distribution, Distribution) else distribution
     name = Path(graph).stem if graph else algo.name
     folder = Path(out) if out is not None else Path("runs") / (
         f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     settings = RunSettings(out=folder, steps=steps, seed=seed, progress=progress,
+                           resume=resume, checkpoint_every=checkpoint_every,
+                           eval_every=eval_every, eval=evaluate, deterministic=deterministic,
                            meta={"graph": graph or algo.name, "config": settings_meta})
-    check_settings(settings)
-    check_distribution(chosen, algo)
+    try:
+        check_settings(settings)
+        check_distribution(chosen, algo, deterministic)
+    except ValueError as exc:  # the checks name the command's flags: say the keywords
+        raise ValueError(keyword_words(str(exc))) from None
     configure_dask()  # in this process: no fused-away annotations, no task waiting forever
     owned: tuple[Client, SpecCluster] | tuple[()] = ()
     if client is None:
@@ -251,6 +297,35 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         owned = (client, cluster)
     run = Run(folder, steps, client, owned)
     return run._start(lambda backend: train_run(backend, algo, chosen, settings), wait)
+
+
+def keyword_words(message: str) -> str:
+    """A refusal written for the command line, in :func:`train`'s keywords.
+
+    Examples
+    --------
+    >>> keyword_words("pass --resume to continue it, or choose another --out")
+    'pass resume=True to continue it, or choose another out'
+    >>> keyword_words("--checkpoint-every must be >= 1, got 0")
+    'checkpoint_every must be >= 1, got 0'
+    """
+    message = re.sub(r"--resume\b", "resume=True", message)
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
+
+
+def _role_resources(resources: Mapping[str, Resources | str]) -> dict[str, Resources]:
+    """``train(resources=...)``: each role's :class:`Resources`, a string parsed as the
+    ``--resources`` flag's ``KEY:N[,KEY:N]``."""
+    out: dict[str, Resources] = {}
+    for role, value in resources.items():
+        if isinstance(value, Resources):
+            out[role] = value
+        elif isinstance(value, str):
+            out.update(parse_role_resources([f"{role}={value}"]))
+        else:
+            raise TypeError(f"resources[{role!r}] must be a Resources or a string such as "
+                            f"'GPU:1', got {type(value).__name__}")
+    return out
 
 
 def _algorithm(what: Any, config: dict[str, Any]) -> tuple[Algorithm, str | None, dict]:

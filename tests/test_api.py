@@ -3,6 +3,7 @@ waits, a run in the background stopped with a checkpoint, and bad settings refus
 
 from __future__ import annotations
 
+import csv
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,3 +72,50 @@ def test_without_a_client_it_trains_on_an_embedded_cluster_and_closes_it(tmp_pat
                        **{**TINY, "num_actors": 1})
     assert run.summary["iterations"] == 2 and run.status == "finished"
     assert run.client.status == "closed"  # its cluster went with the run
+
+
+def test_a_stopped_run_resumes_from_python_with_the_run_s_keywords(users_client, tmp_path):
+    out = tmp_path / "run"
+    run = daskrl.train(GRAPH, client=users_client, steps=10**7, out=out, wait=False,
+                       progress=False, checkpoint_every=1, **TINY)
+    deadline = time.monotonic() + 120
+    while run.progress == 0 and run.status == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    run.stop(timeout=120)
+    assert run.status == "stopped", run.error
+    done = len((out / "metrics.csv").read_text().splitlines()) - 1
+    assert done >= 1
+    with pytest.raises(ValueError, match=r"pass resume=True to continue it, or choose another "
+                                         r"out$"):
+        daskrl.train(GRAPH, client=users_client, steps=512 * (done + 2), out=out,
+                     progress=False, **TINY)
+    resumed = daskrl.train(GRAPH, client=users_client, steps=256 * (done + 2), out=out,
+                           resume=True, progress=False, eval_every=1, evaluate=False, **TINY)
+    assert resumed.status == "finished"
+    assert resumed.summary["iterations"] == done + 2
+    with (out / "metrics.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    iterations = [int(r["iteration"]) for r in rows if r["iteration"]]
+    assert iterations == list(range(1, done + 3))  # continued, nothing redone or lost
+    evals = [r for r in rows if r.get("eval_return_mean")]  # eval_every=1: one per iteration
+    assert len(evals) == 2 and "eval_return_mean" not in resumed.summary
+
+
+def test_a_stop_before_the_first_iteration_ends_the_run_at_once(users_client, tmp_path):
+    run = daskrl.train(GRAPH, client=users_client, steps=10**7, out=tmp_path / "run",
+                       wait=False, progress=False, **TINY)
+    run.stop(timeout=60)
+    assert run.status == "stopped", run.error
+
+
+def test_resources_replace_a_role_s_and_bad_ones_are_named(users_client, tmp_path):
+    with pytest.raises(ValueError, match="resources 'learner=GPU'"):
+        daskrl.train(GRAPH, client=users_client, out=tmp_path / "a",
+                     resources={"learner": "GPU"}, **TINY)
+    with pytest.raises(ValueError, match="no worker offers|offers"):
+        daskrl.train(GRAPH, client=users_client, steps=256, out=tmp_path / "b",
+                     progress=False, resources={"learner": "GPU:1"}, **TINY)
+    run = daskrl.train(GRAPH, client=users_client, steps=256, out=tmp_path / "c",
+                       progress=False, resources={"learner": daskrl.Resources(cpu=1)},
+                       deterministic=True, **TINY)
+    assert run.summary["determinism"]["threads_per_task"] == 1

@@ -306,7 +306,10 @@ def _evaluate(backend: Backend, algo: Algorithm, settings: RunSettings, loop: Ru
               replica=0, iteration=total, run=run, resources=placement.resources["evaluate"],
               worker=placement.worker("evaluate", 0))
     try:
-        return backend.submit(ev).result()
+        handle = backend.submit(ev)
+        while not backend.done(handle, 1.0):  # a stop asked meanwhile is seen here
+            pass
+        return handle.result()
     except Exception as exc:
         _raise_saved(exc, settings.out)
         raise
