@@ -36,7 +36,6 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
-from daskrl.cluster.local import configure_dask
 from daskrl.cluster.upkeep import QUIET_UPKEEP
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
@@ -49,7 +48,6 @@ def one_run(workers: int, steps: int, num_envs: int, num_steps: int,
             settings: dict[str, Any], out: Path) -> dict[str, Any]:
     """Train once on ``workers`` thread workers made under ``settings`` (Dask config); the
     driver's CPU per iteration, the speed and the idle upkeep."""
-    configure_dask()
     ppo = load_graph(str(ROOT / "graphs" / "ppo.py"))
     algo = ppo.build(ppo.Config(num_actors=2, num_envs=num_envs, num_steps=num_steps))
     load = os.getloadavg()[0]
@@ -125,8 +123,8 @@ def stalled(out: Path) -> dict[str, Any]:
 
 
 DASK_DEFAULTS: dict[str, Any] = {"distributed.worker.profile.enabled": True}
-"""Dask's own defaults, as a user's cluster made before daskrl runs has them
-(:func:`~daskrl.cluster.local.configure_dask` turns the profiler off in this process)."""
+"""Dask's own defaults, as a user's cluster has them (daskrl turns the profiler off only in
+the clusters it starts: :func:`~daskrl.cluster.local.dask_settings`)."""
 
 
 def variants(sizes: list[int], ablation: bool) -> list[tuple[int, str, dict[str, Any]]]:

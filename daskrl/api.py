@@ -24,7 +24,6 @@ from distributed import Client, Scheduler, SpecCluster
 
 from daskrl.cluster.local import (
     close_cluster,
-    configure_dask,
     default_worker_resources,
     local_cluster,
 )
@@ -288,7 +287,6 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         check_distribution(chosen, algo, deterministic)
     except ValueError as exc:  # the checks name the command's flags: say the keywords
         raise ValueError(keyword_words(str(exc))) from None
-    configure_dask()  # in this process: no fused-away annotations, no task waiting forever
     owned: tuple[Client, SpecCluster] | tuple[()] = ()
     if client is None:
         workers = max(1, min(os.cpu_count() or 1, chosen.workers_wanted(algo)))

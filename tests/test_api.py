@@ -119,3 +119,20 @@ def test_resources_replace_a_role_s_and_bad_ones_are_named(users_client, tmp_pat
                        progress=False, resources={"learner": daskrl.Resources(cpu=1)},
                        deterministic=True, **TINY)
     assert run.summary["determinism"]["threads_per_task"] == 1
+
+
+def test_daskrl_s_dask_settings_stay_with_its_own_clusters(tmp_path):
+    """A run on an embedded cluster leaves the session's Dask config as it found it: a
+    cluster the user starts afterwards has Dask's defaults, not daskrl's timeouts and
+    worker environment."""
+    import dask
+
+    keys = ("distributed.scheduler.no-workers-timeout", "distributed.nanny.pre-spawn-environ",
+            "distributed.worker.profile.enabled", "optimization.fuse.delayed")
+    before = {k: dask.config.get(k, None) for k in keys}
+    run = daskrl.train(GRAPH, steps=256, out=tmp_path / "run", progress=False,
+                       evaluate=False, **{**TINY, "num_actors": 1})
+    assert run.status == "finished"
+    assert {k: dask.config.get(k, None) for k in keys} == before
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as later:
+        assert later.scheduler.no_workers_timeout is None  # Dask's default: wait

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from distributed import Client, LocalCluster
 
-from daskrl.cluster.local import configure_dask, worker_resources
+from daskrl.cluster.local import worker_resources
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
@@ -42,7 +42,6 @@ def _trained(summary: dict, workers: set) -> None:
 @pytest.fixture
 def user_cluster(request: pytest.FixtureRequest) -> Iterator[Client]:
     """A LocalCluster as a Dask user makes one (``request.param``: its keyword arguments)."""
-    configure_dask()  # what the CLI and daskrl.train set in the driver's process
     where = {"host": "127.0.0.1"} if request.param["processes"] else {}  # threads: inproc://
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
                            **where, **request.param)
@@ -89,7 +88,6 @@ def test_a_users_local_cluster_trains_ppo_through_a_client(user_cluster, tmp_pat
 @pytest.fixture
 def nworkers_client(tmp_path: Path) -> Iterator[Client]:
     """A scheduler, and ``dask worker ADDRESS --nworkers 2`` (no --name: named by address)."""
-    configure_dask()
     cluster = LocalCluster(n_workers=0, dashboard_address=None, host="127.0.0.1")
     log = (tmp_path / "workers.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
@@ -186,7 +184,6 @@ import numpy, torch
 from distributed import Client, LocalCluster
 from threadpoolctl import threadpool_info
 from daskrl import Resources, task
-from daskrl.cluster.local import configure_dask
 from daskrl.runtime.backend import DaskBackend
 sys.path.insert(0, sys.argv[1])
 from test_byo_dask import _counts_reporter
@@ -194,7 +191,6 @@ from test_byo_dask import _counts_reporter
 def blas():
     return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
 
-configure_dask()
 before = (torch.get_num_threads(), blas())
 with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, resources={"CPU": 1},
                   dashboard_address=None) as cluster, Client(cluster) as client:
@@ -244,7 +240,6 @@ def test_many_thread_workers_with_the_profiler_on_are_named_in_one_line(capfd):
     from daskrl.cluster.upkeep import MANY_WORKERS, quiet_upkeep, upkeep_advice
     from daskrl.runtime.backend import DaskBackend
 
-    configure_dask()  # as daskrl.train does in the user's process, after their cluster
     with dask.config.set({"distributed.worker.profile.enabled": True}):  # Dask's default
         users = LocalCluster(n_workers=MANY_WORKERS, processes=False, threads_per_worker=1,
                              memory_limit=0, dashboard_address=None)

@@ -12,7 +12,7 @@ import pytest
 from distributed import Client, LocalCluster, Nanny
 
 from daskrl import Algorithm, Placement
-from daskrl.cluster.local import configure_dask, sync_workers
+from daskrl.cluster.local import sync_workers
 from daskrl.core.script import load_graph
 from daskrl.core.sizes import Sizes
 from daskrl.distributions import get_distribution
@@ -34,7 +34,6 @@ LIMIT = 2 * 2**30
 @pytest.fixture(scope="module")
 def cluster_small_memory() -> Iterator[Client]:
     """Worker processes ``w0`` and ``w1`` with a 2 GiB memory limit each."""
-    configure_dask()
     with LocalCluster(n_workers=0, threads_per_worker=1, memory_limit=LIMIT, host="127.0.0.1",
                       dashboard_address="127.0.0.1:0") as cluster:
         (template,) = cluster.new_worker_spec().values()
@@ -129,7 +128,6 @@ PROCESS_LIMIT = 24 * 2**30
 
 
 def _thread_cluster(**memory_limit: int) -> tuple[LocalCluster, Client]:
-    configure_dask()
     cluster = LocalCluster(n_workers=THREAD_WORKERS, processes=False, threads_per_worker=1,
                            dashboard_address=None, **memory_limit)
     return cluster, Client(cluster)
@@ -182,7 +180,6 @@ def test_thread_workers_with_a_share_of_the_memory_each_are_refused_with_the_fix
     The cluster made as the line says runs tasks, and the run passes the check.
     (Four workers here: 128 paused workers' memory monitors starve the process's event loop.)
     """
-    configure_dask()
     share = 300 * 2**20  # below this process's memory (torch alone is more): Dask pauses
     with LocalCluster(n_workers=4, processes=False, threads_per_worker=1, memory_limit=share,
                       dashboard_address=None) as cluster, Client(cluster) as client:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from distributed import Client
 
-from daskrl.cluster.local import configure_dask, worker_resources
+from daskrl.cluster.local import worker_resources
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
 
@@ -88,7 +88,6 @@ UsePAM no
 def ssh_client(sshd: dict) -> Iterator[Client]:
     from distributed import SSHCluster
 
-    configure_dask()
     connect = {"port": sshd["port"], "client_keys": [sshd["key"]], "known_hosts": None,
                "username": sshd["user"]}
     with SSHCluster(["127.0.0.1", "127.0.0.1", "127.0.0.1"], connect_options=connect,

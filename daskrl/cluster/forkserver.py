@@ -31,7 +31,7 @@ to the OS later.
 WORKER_DASK_ENV: dict[str, str] = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
 """Dask settings for the workers daskrl starts, as environment variables; one already set
 in the environment daskrl runs in wins. Embedded workers get them through their nanny's
-config (:func:`daskrl.cluster.local.configure_dask`), batch jobs as exports in the job script.
+config (:func:`daskrl.cluster.local.dask_settings`), batch jobs as exports in the job script.
 
 Dask's statistical profiler samples each worker's running task every 10 ms, which
 costs a tight RL iteration a few percent, while ``daskrl profile`` and the task stream

@@ -44,7 +44,7 @@ from daskrl.cluster.jobqueue_spec import (
     spec_from_args,
 )
 from daskrl.cluster.jobqueue_wait import squeue, wait_for_pools
-from daskrl.cluster.local import configure_dask, sync_workers
+from daskrl.cluster.local import dask_settings, sync_workers
 from daskrl.core.worker_state import register
 
 __all__ = ["KINDS", "JobQueueSpec", "PoolCluster", "add_jobqueue_flags", "describe",
@@ -322,8 +322,8 @@ def make_jobqueue_cluster(spec: JobQueueSpec) -> PoolCluster:
     >>> cluster.job_ids()  # doctest: +SKIP
     {'cpu-0': '17', 'cpu-1': '18'}
     """
-    configure_dask(spec.no_workers_timeout)
-    cluster = PoolCluster(spec)
+    with dask_settings(spec.no_workers_timeout):  # read by the scheduler as it is made
+        cluster = PoolCluster(spec)
     try:
         counts = {"cpu": 1 if spec.cpu_jobs is None else spec.cpu_jobs}
         if spec.gpus_per_job:

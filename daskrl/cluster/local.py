@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +33,60 @@ from daskrl.observe.board import board_settings
 DEFAULT_TIMEOUT = "30s"
 """How long a task may wait for a worker that offers its resources before it fails."""
 
-def configure_dask(no_workers_timeout: str = DEFAULT_TIMEOUT) -> None:
-    """Settings every daskrl run uses: no task waits forever, no fused-away annotations.
+@contextlib.contextmanager
+def dask_settings(no_workers_timeout: str = DEFAULT_TIMEOUT) -> Iterator[None]:
+    """Dask settings for the clusters daskrl starts, while they are made: no task waits
+    forever, the workers' environment and config, the dashboard's daskrl page.
 
     ``distributed.scheduler.no-workers-timeout`` makes a task that no worker can run fail
-    with ``NoValidWorkerError`` instead of waiting forever; low-level fusion stays off
-    because fused delayed tasks lose their resource annotations. Nanny-started workers get
-    :data:`~daskrl.cluster.forkserver.WORKER_MALLOC` in their environment and
-    :data:`~daskrl.cluster.forkserver.WORKER_DASK_ENV` in their config. A scheduler
-    started here also serves the dashboard's daskrl page
-    (:func:`~daskrl.observe.board.board_settings`).
+    with ``NoValidWorkerError`` instead of waiting forever; nanny-started workers get
+    :func:`~daskrl.cluster.forkserver.worker_environ` (threads, MKL, allocator) in their
+    environment and :data:`~daskrl.cluster.forkserver.WORKER_DASK_ENV` in their config; a
+    scheduler made here also serves the dashboard's daskrl page
+    (:func:`~daskrl.observe.board.board_settings`). Schedulers and nannies read these when
+    they are made, so the settings hold only inside the ``with``: a cluster the user starts
+    afterwards gets Dask's defaults. (Low-level fusion, which would drop the tasks' resource
+    annotations, is kept off per graph: ``DaskBackend.submit`` computes with
+    ``optimize_graph=False``.)
+
+    Examples
+    --------
+    >>> import dask
+    >>> before = dask.config.get("distributed.scheduler.no-workers-timeout")
+    >>> with dask_settings("5s"):
+    ...     dask.config.get("distributed.scheduler.no-workers-timeout")
+    '5s'
+    >>> dask.config.get("distributed.scheduler.no-workers-timeout") == before
+    True
     """
     # a worker process takes its nanny's config, not its environment
-    dask.config.update(dask.config.config, dask.config.collect_env(
+    worker_config = _dotted(dask.config.collect_env(
         {k: os.environ.get(k, v) for k, v in WORKER_DASK_ENV.items()}))
-    dask.config.set({
+    with dask.config.set({
+        **worker_config,
         "distributed.scheduler.no-workers-timeout": no_workers_timeout,
-        "optimization.fuse.delayed": False,
         "distributed.nanny.pre-spawn-environ": worker_environ(),
         **board_settings(dask.config.get("distributed.scheduler.http.routes")),
-    })
+    }):
+        yield
+
+
+def _dotted(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys, for ``dask.config.set`` (which replaces a nested
+    value whole).
+
+    Examples
+    --------
+    >>> _dotted({"a": {"b": {"c": 1}, "d": 2}})
+    {'a.b.c': 1, 'a.d': 2}
+    """
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def close_cluster(cluster: Any, connect_s: float = 2.0) -> None:
@@ -99,18 +133,18 @@ def local_cluster(
     --------
     >>> cluster = local_cluster([{"CPU": 1}], processes=False)  # doctest: +SKIP
     """
-    configure_dask()
-    cluster = LocalCluster(
-        n_workers=0,
-        threads_per_worker=threads_per_worker,
-        processes=processes,
-        host="127.0.0.1",
-        dashboard_address=dashboard_address,
-        security=security or None,
-        scheduler_kwargs={"dashboard": False},
-        # in-process workers default to the inproc protocol, which takes no host
-        **({} if processes or security else {"protocol": "tcp://"}),
-    )
+    with dask_settings():
+        cluster = LocalCluster(
+            n_workers=0,
+            threads_per_worker=threads_per_worker,
+            processes=processes,
+            host="127.0.0.1",
+            dashboard_address=dashboard_address,
+            security=security or None,
+            scheduler_kwargs={"dashboard": False},
+            # in-process workers default to the inproc protocol, which takes no host
+            **({} if processes or security else {"protocol": "tcp://"}),
+        )
     if dashboard_address:
         serve_dashboard_on_demand(cluster.scheduler)
     add_workers(cluster, worker_resources)
@@ -156,7 +190,7 @@ def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, f
     if worker_resources:
         # thread workers (no nanny) share this process and its event loop, where their
         # upkeep adds up (daskrl.cluster.upkeep); they read the settings as they start
-        with quiet_upkeep() if cls is Worker else contextlib.nullcontext():
+        with dask_settings(), quiet_upkeep() if cls is Worker else contextlib.nullcontext():
             sync_workers(cluster)
 
 
@@ -297,7 +331,6 @@ def connect(address: str, timeout: float = 10.0, security: Security | None = Non
     seconds for its first one to register; the placement then refuses in one line if none
     did.
     """
-    configure_dask()
     if address.startswith("tls://") and security is None:
         raise ConnectionError(f"the scheduler at {address!r} requires TLS: pass --tls with "
                               "--tls-ca-file, --tls-cert and --tls-key")

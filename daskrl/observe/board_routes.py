@@ -24,7 +24,7 @@ and needs nothing from the internet.
 
 Enable it on a scheduler you start yourself by adding this module to
 ``distributed.scheduler.http.routes`` (see ``docs/howto/dashboard.md``); daskrl does it for
-the clusters it starts (:func:`daskrl.cluster.local.configure_dask`).
+the clusters it starts (:func:`daskrl.cluster.local.dask_settings`).
 """
 
 from __future__ import annotations

@@ -111,8 +111,9 @@ class DaskBackend:
                               f"({type(exc).__name__}: {exc})") from exc
 
     def submit(self, graph: Delayed) -> Handle:
-        """``client.compute``: annotations reach the scheduler."""
-        return self.client.compute(graph)
+        """``client.compute`` without graph optimisation: low-level fusion would merge
+        tasks and drop their resource annotations, whatever the user's Dask config says."""
+        return self.client.compute(graph, optimize_graph=False)
 
     def as_input(self, handle: Handle) -> Any:
         """The future itself: the next graph waits on it inside the cluster."""
@@ -276,7 +277,8 @@ class DaskBackend:
             if key in seen and seen[key] != {k: float(v) for k, v in want.items()}:
                 raise RuntimeError(
                     f"task {key!r} was annotated with resources {want} but the scheduler holds "
-                    f"{seen[key]}; keep dask's 'optimization.fuse.delayed' off")
+                    f"{seen[key]}; compute daskrl's graphs with optimize_graph=False (fusion "
+                    "drops annotations)")
 
 
 def _environ_of(names: tuple[str, ...]) -> dict[str, str | None]:
