@@ -68,6 +68,22 @@ def test_estimate_follows_the_placement() -> None:
                     Placement({}, {"learner": ("w0",)})) == {}  # no sizes: not estimated
 
 
+def test_a_learner_that_receives_gradients_is_estimated_by_what_it_declares() -> None:
+    """The estimate asks the distribution what its learner receives, not its name: a new
+    gradient-shipping distribution is estimated as ``async`` is."""
+    from daskrl.distributions import AsyncGradients
+
+    class Shipping(AsyncGradients):
+        name = "my-gradient-shipping"
+
+    algo = _algo(transition_bytes=50, model_params=1000)
+    place = Placement({}, {"rollout": ("w1", "w2"), "learner": ("w0",)})
+    for distribution in (get_distribution("async"), Shipping()):
+        parts = estimate(algo, place, distribution)["w0"].parts
+        assert parts["gradients"] == 2 * 4 * 1000 and "learner batch" not in parts
+    assert "gradients" not in estimate(algo, place, "actors-learner")["w0"].parts
+
+
 def test_in_process_backend_has_no_limit() -> None:
     algo = _algo(transition_bytes=10**9)
     need = check_memory(SyncBackend(), algo, get_distribution("single"),

@@ -180,6 +180,7 @@ class AsyncGradients(Distribution):
     name = "async"
     requires = frozenset({"gradient-actor"})
     deterministic = False  # gradients are applied in the order they arrive
+    learner_receives = "gradients"
     dynamic = True
 
     def required(self, algo: Algorithm) -> dict[str, str]:

@@ -92,6 +92,10 @@ class Distribution(ABC):
     deterministic: ClassVar[bool] = True
     """Whether ``--deterministic`` runs can be bit-identical under it (False when results
     depend on the order tasks finish)."""
+    learner_receives: ClassVar[str] = "batches"
+    """What reaches the learner from each actor: ``"batches"`` of transitions, or
+    ``"gradients"`` (actors that compute them, as A3C's): the memory estimate counts one
+    model-sized gradient per actor instead of the batches."""
     dynamic: ClassVar[bool] = False
     """True when :meth:`iteration` submits tasks as it runs, so that :meth:`sketch` draws a
     static stand-in instead."""

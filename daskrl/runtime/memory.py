@@ -85,7 +85,7 @@ class WorkerNeed:
 
 
 def _role_parts(role: str, algo: Algorithm, sizes: Sizes, roles: set[str],
-                distribution: str) -> list[tuple[str, int]]:
+                receives: str) -> list[tuple[str, int]]:
     """What one replica of ``role`` holds, as ``(label, bytes)``."""
     one = algo.num_envs * algo.num_steps * sizes.transition_bytes  # one replica's rollout
     every = one * algo.num_actors
@@ -106,14 +106,14 @@ def _role_parts(role: str, algo: Algorithm, sizes: Sizes, roles: set[str],
         parts.append(("replay", sizes.replay_bytes))
     if "replica" in roles:  # data-parallel: the learner only gathers the replicas' outputs
         return parts
-    if distribution == "async":  # gradients arrive, not batches
+    if receives == "gradients":  # actors send gradients, not batches
         return parts + [("gradients", algo.num_actors * model)]
     if not roles & {"rollout", "inference"}:  # single: the rollouts run inside this task
         parts.append(("rollout buffers", ACTOR_COPIES * every))
     return parts + [("learner batch", LEARNER_COPIES * every)]
 
 
-def estimate(algo: Algorithm, placement: Placement, distribution: str = "",
+def estimate(algo: Algorithm, placement: Placement, distribution: Distribution | str = "",
              processes: Mapping[str, str] | None = None) -> dict[str, WorkerNeed]:
     """Estimated bytes each worker process of ``placement`` holds at once during the run.
 
@@ -123,8 +123,9 @@ def estimate(algo: Algorithm, placement: Placement, distribution: str = "",
         With :attr:`~daskrl.Algorithm.sizes` (none: an empty estimate).
     placement : Placement
         Which worker each replica of each role runs on.
-    distribution : str
-        The distribution's name (``async`` learners receive gradients, not batches).
+    distribution : Distribution or str
+        The distribution, or its name: what its learner receives
+        (:attr:`~daskrl.distributions.Distribution.learner_receives`) decides its parts.
     processes : mapping of worker name to its process, optional
         Workers that share a process (threads) are estimated together, the process once;
         a worker missing here (or all, by default) is a process of its own.
@@ -151,6 +152,7 @@ def estimate(algo: Algorithm, placement: Placement, distribution: str = "",
     if sizes is None:
         return {}
     roles = set(placement.workers)
+    receives = _learner_receives(distribution)
     processes = processes or {}
     names = {name for names in placement.workers.values() for name in names}
     together: dict[str, set[str]] = {}
@@ -163,9 +165,25 @@ def estimate(algo: Algorithm, placement: Placement, distribution: str = "",
             label = name if len(together[process]) == 1 else f"process {process}"
             need = needs.setdefault(process, WorkerNeed(label, {"worker process": PROCESS_BYTES},
                                                         workers=sorted(together[process])))
-            for part, nbytes in _role_parts(role, algo, sizes, roles, distribution):
+            for part, nbytes in _role_parts(role, algo, sizes, roles, receives):
                 need.add(part, nbytes, role, replica)
     return needs
+
+
+def _learner_receives(distribution: Distribution | str) -> str:
+    """What the learner of ``distribution`` (or of the distribution of that name) receives.
+
+    Examples
+    --------
+    >>> _learner_receives("async"), _learner_receives("actors-learner"), _learner_receives("")
+    ('gradients', 'batches', 'batches')
+    """
+    if not isinstance(distribution, str):
+        return distribution.learner_receives
+    from daskrl.distributions import KINDS
+
+    kind = KINDS.get(distribution)
+    return kind.learner_receives if kind is not None else "batches"
 
 
 class MemoryBudgetError(ValueError):
@@ -197,10 +215,9 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str
     >>> need["local"].total > 0
     True
     """
-    name = distribution if isinstance(distribution, str) else distribution.name
     if algo.sizes is None:
         return {}
-    needs = estimate(algo, placement, name, backend.worker_processes())
+    needs = estimate(algo, placement, distribution, backend.worker_processes())
     limits: Mapping[str, int | None] = backend.memory_limits()  # None or 0: no limit known
     for _, need in sorted(needs.items()):
         known = [limit for w in need.workers if (limit := limits.get(w))]
