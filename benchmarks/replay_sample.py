@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from _common import ROOT, fmt, load_average, machine_info, markdown_table, median, write_json
 
-from daskrl.algos.replay import PrioritizedReplay, ReplayBuffer
+from daskrl.algos.replay_buffers import PrioritizedReplay, ReplayBuffer
 
 
 def _fill(buf: ReplayBuffer, entries: int, rng: np.random.Generator) -> None:

@@ -94,7 +94,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
     from daskrl.core.failures import FragmentError, RunStopped
     from daskrl.distributions import get_distribution
     from daskrl.observe.board_feed import page_line
-    from daskrl.runtime.backend import DaskBackend, SyncBackend
+    from daskrl.runtime.dask_backend import DaskBackend
     from daskrl.runtime.driver import (
         RunSettings,
         check_distribution,
@@ -102,6 +102,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         finished_iterations,
         train,
     )
+    from daskrl.runtime.sync_backend import SyncBackend
 
     try:
         overrides = parse_role_resources(args.resources)

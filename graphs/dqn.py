@@ -21,7 +21,7 @@ from daskrl.algos.env_runner import StepCost
 from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.q_actor import QActor
 from daskrl.algos.qnet import discrete_dims, q_policy
-from daskrl.algos.replay import PrioritizedReplay, transition_nbytes
+from daskrl.algos.replay_buffers import PrioritizedReplay, transition_nbytes
 from daskrl.core.sizes import Sizes, mlp_params
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.env_runner import StepCost
 from daskrl.algos.evaluation import evaluate_module
-from daskrl.algos.replay import transition_nbytes
+from daskrl.algos.replay_buffers import transition_nbytes
 from daskrl.algos.sac import SACActor, SACHyper, SACLearner, box_dims, sac_policy
 from daskrl.core.sizes import Sizes, mlp_params
 

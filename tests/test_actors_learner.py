@@ -15,8 +15,9 @@ from daskrl.cluster.local import local_cluster
 from daskrl.core.failures import FragmentError
 from daskrl.core.script import load_graph
 from daskrl.distributions import IterationInputs, get_distribution
-from daskrl.runtime.backend import DaskBackend, SyncBackend
+from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, place, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))

@@ -11,7 +11,10 @@ from distributed import Client, Event, LocalCluster
 
 from daskrl.core.fragment import Fragment
 from daskrl.core.resources import Resources
-from daskrl.runtime.backend import MEMBERSHIP_TOPIC, DaskBackend, SyncBackend, expected_restrictions
+from daskrl.runtime.dask_backend import DaskBackend
+from daskrl.runtime.membership import MEMBERSHIP_TOPIC
+from daskrl.runtime.scheduler_calls import expected_restrictions
+from daskrl.runtime.sync_backend import SyncBackend
 
 
 def _wait_then(value: int, event_name: str) -> int:

@@ -171,7 +171,7 @@ def test_a_task_in_the_callers_thread_gives_its_thread_counts_back(callers_count
     thread, and the caller's torch and BLAS counts are as they were afterwards."""
     import torch
 
-    from daskrl.runtime.backend import SyncBackend
+    from daskrl.runtime.sync_backend import SyncBackend
 
     seen = SyncBackend().submit(_one_cpu_task()).result()
     assert seen == (1, [1])  # the grant held inside the task
@@ -184,7 +184,7 @@ import numpy, torch
 from distributed import Client, LocalCluster
 from threadpoolctl import threadpool_info
 from daskrl import Resources, task
-from daskrl.runtime.backend import DaskBackend
+from daskrl.runtime.dask_backend import DaskBackend
 sys.path.insert(0, sys.argv[1])
 from test_byo_dask import _counts_reporter
 
@@ -238,7 +238,7 @@ def test_many_thread_workers_with_the_profiler_on_are_named_in_one_line(capfd):
 
     from daskrl.cluster.local import local_cluster
     from daskrl.cluster.upkeep import MANY_WORKERS, quiet_upkeep, upkeep_advice
-    from daskrl.runtime.backend import DaskBackend
+    from daskrl.runtime.dask_backend import DaskBackend
 
     with dask.config.set({"distributed.worker.profile.enabled": True}):  # Dask's default
         users = LocalCluster(n_workers=MANY_WORKERS, processes=False, threads_per_worker=1,

@@ -17,9 +17,9 @@ import torch
 from daskrl.core.failures import RunStopped
 from daskrl.distributions import get_distribution
 from daskrl.observe.metrics import MetricsWriter, write_summary
-from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,9 +23,9 @@ from test_docs import block_named
 
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.distributions import get_distribution
-from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.checkpoint import load_latest
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 REPO = Path(__file__).resolve().parent.parent
 GRAPH = str(REPO / "graphs" / "ppo.py")

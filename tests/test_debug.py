@@ -18,8 +18,8 @@ from daskrl import Algorithm
 from daskrl.algos.actor_critic import ActorCriticLearner
 from daskrl.core.failures import FragmentError, load_failure
 from daskrl.distributions import get_distribution
-from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--num-actors", "2", "--num-envs", "4", "--num-steps", "32", "--no-progress"]

@@ -28,7 +28,7 @@ from daskrl.core.script import load_graph
 from daskrl.distributions import IterationInputs, get_distribution
 from daskrl.distributions.base import iterations_per_task
 from daskrl.distributions.central_inference import unit_seed
-from daskrl.runtime.backend import DaskBackend
+from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, place, train
 
 ROOT = Path(__file__).resolve().parents[1]

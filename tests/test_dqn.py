@@ -182,8 +182,8 @@ def test_actors_learner_outputs_between_checkpoints_carry_no_replay():
     others carry the learner's light state: networks, optimiser and counters."""
     from daskrl.core.algorithm import LearnerOutput
     from daskrl.distributions import IterationInputs
-    from daskrl.runtime.backend import SyncBackend
     from daskrl.runtime.driver import place
+    from daskrl.runtime.sync_backend import SyncBackend
 
     algo = _small()
     dist = get_distribution("actors-learner:fuse=false")

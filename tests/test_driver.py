@@ -25,9 +25,9 @@ from daskrl import Algorithm
 from daskrl.core.algorithm import LearnerOutput
 from daskrl.core.fragment import Fragment
 from daskrl.distributions import Distribution, IterationInputs
-from daskrl.runtime.backend import Membership
 from daskrl.runtime.checkpoint import list_checkpoints
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.membership import Membership
 from daskrl.runtime.run_loop import Phase, RunLoop, WorkersLost
 
 pytestmark = pytest.mark.timeout(30)

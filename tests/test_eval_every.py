@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from daskrl.distributions import get_distribution
-from daskrl.runtime.backend import DaskBackend, SyncBackend
 from daskrl.runtime.checkpoint import list_checkpoints
+from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 pytestmark = pytest.mark.timeout(120)
 

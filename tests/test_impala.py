@@ -21,8 +21,8 @@ from daskrl.core.script import load_graph
 from daskrl.distributions import Unsupported, get_distribution
 from daskrl.distributions.base import IterationInputs
 from daskrl.observe.profile import learner_waits, report
-from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.driver import place
+from daskrl.runtime.sync_backend import SyncBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 

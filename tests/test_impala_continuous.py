@@ -19,7 +19,7 @@ from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
-from daskrl.runtime.backend import SyncBackend
+from daskrl.runtime.sync_backend import SyncBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 

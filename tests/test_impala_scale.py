@@ -21,8 +21,8 @@ from daskrl.core.script import load_graph
 from daskrl.core.worker_state import register
 from daskrl.distributions import Unsupported, get_distribution
 from daskrl.distributions.impala import streams
-from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPALA = load_graph(str(ROOT / "graphs" / "impala.py"))

@@ -16,7 +16,7 @@ from daskrl.cluster.local import sync_workers
 from daskrl.core.script import load_graph
 from daskrl.core.sizes import Sizes
 from daskrl.distributions import get_distribution
-from daskrl.runtime.backend import DaskBackend, SyncBackend
+from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, train
 from daskrl.runtime.memory import (
     ACTOR_COPIES,
@@ -26,6 +26,7 @@ from daskrl.runtime.memory import (
     check_memory,
     estimate,
 )
+from daskrl.runtime.sync_backend import SyncBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 2 * 2**30

@@ -7,16 +7,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from daskrl.algos.replay import (
-    PrioritizedReplay,
-    ReplayBuffer,
-    SumTree,
-    concat_steps,
-    merge_samples,
-    nstep_transitions,
-    reshard,
-    transition_nbytes,
-)
+from daskrl.algos.nstep import concat_steps, nstep_transitions
+from daskrl.algos.replay_buffers import PrioritizedReplay, ReplayBuffer, transition_nbytes
+from daskrl.algos.replay_shards import merge_samples, reshard
+from daskrl.algos.sum_tree import SumTree
 
 
 def _chi2_pvalue(indices: np.ndarray, probs: np.ndarray) -> float:

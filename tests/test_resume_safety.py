@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from daskrl.distributions import get_distribution
-from daskrl.runtime.backend import SyncBackend
 from daskrl.runtime.checkpoint import CheckpointsUnreadable
 from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -313,7 +313,7 @@ def _grant_task(cpu: float):
 
 @pytest.mark.parametrize("cpu", [1, 2])
 def test_a_task_in_sync_mode_runs_torch_and_blas_with_its_cpu_grant(cpu):
-    from daskrl.runtime.backend import SyncBackend
+    from daskrl.runtime.sync_backend import SyncBackend
 
     before = torch.get_num_threads()
     try:

@@ -27,8 +27,8 @@ from test_chaos import (
     _worker_processes,
 )
 
-from daskrl.runtime.backend import Activity
 from daskrl.runtime.checkpoint import list_checkpoints
+from daskrl.runtime.engine import Activity
 from daskrl.runtime.watchdog import find_hangs
 
 pytestmark = pytest.mark.chaos

@@ -32,7 +32,7 @@ from daskrl.algos.offpolicy import (
     restore_replay,
 )
 from daskrl.algos.qnet import QNetwork, q_and_target
-from daskrl.algos.replay import importance_weights, make_replay
+from daskrl.algos.replay_buffers import importance_weights, make_replay
 
 Batch = dict[str, Any]
 FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")

@@ -86,7 +86,7 @@ def restore_replay(replay: Any, state: Mapping[str, Any]) -> int:
     Examples
     --------
     >>> import numpy as np
-    >>> from daskrl.algos.replay import ReplayBuffer
+    >>> from daskrl.algos.replay_buffers import ReplayBuffer
     >>> held = ReplayBuffer(4); held.add({"x": np.zeros(3)})
     >>> restore_replay(held, {"replay_size": 3, "light": True}), len(held)
     (0, 3)
@@ -120,7 +120,7 @@ def minibatches(replay: Any, steps: int, batch_size: int, fields: Sequence[str],
 
     Examples
     --------
-    >>> from daskrl.algos.replay import ReplayBuffer
+    >>> from daskrl.algos.replay_buffers import ReplayBuffer
     >>> buf = ReplayBuffer(10)
     >>> buf.add({"obs": np.zeros((10, 3), np.float32), "rewards": np.ones(10, np.float32)})
     >>> mb = minibatches(buf, 4, 2, ("obs", "rewards"))

@@ -3,7 +3,7 @@ target both the learner and, for initial priorities, the actors compute.
 
 The target is ``rewards + discounts * Q_target(next_obs, a*)`` with ``a*`` the online
 network's argmax (double Q) or the target's; ``discounts`` already folds ``gamma ** n`` and
-termination (:func:`~daskrl.algos.replay.nstep_transitions`), so one formula serves any
+termination (:func:`~daskrl.algos.nstep.nstep_transitions`), so one formula serves any
 ``n``.
 """
 

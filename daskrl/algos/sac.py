@@ -38,7 +38,7 @@ from daskrl.algos.offpolicy import (
     restore_replay,
 )
 from daskrl.algos.qnet import relu_mlp
-from daskrl.algos.replay import make_replay
+from daskrl.algos.replay_buffers import make_replay
 from daskrl.algos.squashed_gaussian import (  # re-exported
     LOG_STD_MAX,
     LOG_STD_MIN,

@@ -11,14 +11,14 @@ import numpy as np
 
 from daskrl.algos.actor_critic import EnvRunner
 from daskrl.algos.env_runner import NO_COST, StepCost
-from daskrl.algos.replay import concat_steps, nstep_transitions
+from daskrl.algos.nstep import concat_steps, nstep_transitions
 
 Batch = dict[str, Any]
 
 
 class TransitionCollector:
     """A vector env stepped with a caller's actions, its steps folded into n-step
-    transitions (:func:`~daskrl.algos.replay.nstep_transitions`), the unfinished ones
+    transitions (:func:`~daskrl.algos.nstep.nstep_transitions`), the unfinished ones
     carried to the next rollout.
 
     Examples

@@ -3,7 +3,7 @@ samples and an actor that explores on a fixed schedule offer (capability ``repla
 
 Under the ``apex`` distribution, actors write transitions with initial priorities to replay
 shards resident on their own workers; the learner learns from the shards' samples and sends
-new priorities back. :mod:`daskrl.algos.replay` and :mod:`daskrl.algos.dqn_learner`
+new priorities back. :mod:`daskrl.algos.replay_buffers` and :mod:`daskrl.algos.dqn_learner`
 implement these.
 """
 
@@ -47,7 +47,7 @@ class Replay(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (or a re-sharded state, see
-        :func:`daskrl.algos.replay.reshard`)."""
+        :func:`daskrl.algos.replay_shards.reshard`)."""
 
 
 class ReplayLearner(Protocol):

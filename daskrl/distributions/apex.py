@@ -36,7 +36,7 @@ old shard are not applied to the new one. The graph of a checkpointed iteration
 (``IterationInputs.checkpoint``) carries every shard's contents to the learner output's
 ``state["replay_shards"]`` (or only their sizes when the shard was built with
 ``save=False``, ``--no-save-replay``); a resumed run restores them into the same number of
-shards, or deals them over another number (:func:`daskrl.algos.replay.reshard`). The
+shards, or deals them over another number (:func:`daskrl.algos.replay_shards.reshard`). The
 results depend on the order tasks finish: no ``--deterministic``.
 """
 
@@ -54,7 +54,7 @@ from typing import Any, cast
 
 from dask.delayed import Delayed
 
-from daskrl.algos.replay import reshard
+from daskrl.algos.replay_shards import reshard
 from daskrl.core.algorithm import Algorithm, Batch, LearnerOutput
 from daskrl.core.fragment import Fragment
 from daskrl.core.placement import task
@@ -111,13 +111,13 @@ def restore_shard(buffer: Replay, saved: Sequence[Mapping[str, Any]], shard: int
     (transitions restored, transitions it held when saved).
 
     The same number of shards loads shard ``shard``'s state as it was; another number deals
-    every saved transition over the new shards (:func:`~daskrl.algos.replay.reshard`).
+    every saved transition over the new shards (:func:`~daskrl.algos.replay_shards.reshard`).
     A state saved without contents (``--no-save-replay``) restores nothing.
 
     Examples
     --------
     >>> import numpy as np
-    >>> from daskrl.algos.replay import PrioritizedReplay
+    >>> from daskrl.algos.replay_buffers import PrioritizedReplay
     >>> old = PrioritizedReplay(8); old.add({"x": np.arange(5.0)}, np.ones(5))
     >>> new = PrioritizedReplay(8)
     >>> restore_shard(new, [old.state_dict()], 0, 1), len(new)

@@ -111,7 +111,7 @@ class Timeline:
     Parameters
     ----------
     backend : Backend
-        Gives task-stream records (:meth:`~daskrl.runtime.backend.DaskBackend.task_stream`); a
+        Gives task-stream records (:meth:`~daskrl.runtime.dask_backend.DaskBackend.task_stream`); a
         backend without them (``--scheduler sync``) gets the split from the tasks' own
         clocks, with nothing in transfer.
     run : str
@@ -119,7 +119,7 @@ class Timeline:
 
     Examples
     --------
-    >>> from daskrl.runtime.backend import SyncBackend
+    >>> from daskrl.runtime.sync_backend import SyncBackend
     >>> tl = Timeline(SyncBackend(), "r")
     >>> row = {"iteration_s": 1.0, "rollout_s": 0.6, "env_s": 0.4, "learn_s": 0.3}
     >>> {k: round(v, 3) for k, v in tl.split(0, row).items()}["time/idle_s"]

@@ -34,9 +34,10 @@ from daskrl.observe.board_feed import RunFeed
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.plot import read_metrics
 from daskrl.observe.timeline import Timeline
-from daskrl.runtime.backend import Backend, DaskBackend
 from daskrl.runtime.checkpoint import load_for_resume, load_latest
+from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.determinism import NUMERICS, determinism_record, warn_unpinned_numerics
+from daskrl.runtime.engine import Backend
 from daskrl.runtime.memory import check_memory
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.run_loop import Attempt, RunLoop, place
@@ -158,7 +159,7 @@ def train(
 ) -> dict[str, Any]:
     """Train ``algo`` under ``distribution`` on a cluster (or in-process); return the summary.
 
-    ``client`` is a ``distributed.Client`` or a :class:`~daskrl.runtime.backend.Backend`
+    ``client`` is a ``distributed.Client`` or a :class:`~daskrl.runtime.engine.Backend`
     (``SyncBackend()`` runs everything in this process).
 
     Writes ``metrics.csv``, ``summary.json`` and ``checkpoints/`` under ``settings.out``.
@@ -172,7 +173,7 @@ def train(
     Examples
     --------
     >>> import tempfile
-    >>> from daskrl.runtime.backend import SyncBackend
+    >>> from daskrl.runtime.sync_backend import SyncBackend
     >>> from daskrl.distributions import get_distribution
     >>> train(SyncBackend(), None, get_distribution("single"),
     ...       RunSettings(Path(tempfile.mkdtemp()), steps=-1))

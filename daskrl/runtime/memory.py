@@ -208,7 +208,7 @@ def check_memory(backend: Any, algo: Algorithm, distribution: Distribution | str
     Examples
     --------
     >>> from daskrl import Algorithm, Placement
-    >>> from daskrl.runtime.backend import SyncBackend
+    >>> from daskrl.runtime.sync_backend import SyncBackend
     >>> algo = Algorithm("a", print, print, print, num_steps=8, sizes=Sizes(47, 9000))
     >>> place = Placement({}, {"learner": ("local",)})
     >>> need = check_memory(SyncBackend(), algo, "single", place)  # no limit in-process

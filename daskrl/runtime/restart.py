@@ -22,9 +22,9 @@ from typing import Any
 from daskrl.core.algorithm import Algorithm
 from daskrl.distributions import Distribution
 from daskrl.observe.metrics import write_summary
-from daskrl.runtime.backend import Backend
 from daskrl.runtime.checkpoint import list_checkpoints, load_latest
 from daskrl.runtime.driver import train
+from daskrl.runtime.engine import Backend
 from daskrl.runtime.run_loop import ClusterLost
 from daskrl.runtime.settings import RunSettings
 
@@ -40,7 +40,7 @@ def train_with_restarts(backend: Backend, restart: Callable[[], Backend], algo: 
     Examples
     --------
     >>> import tempfile
-    >>> from daskrl.runtime.backend import SyncBackend
+    >>> from daskrl.runtime.sync_backend import SyncBackend
     >>> from daskrl.distributions import get_distribution
     >>> train_with_restarts(SyncBackend(), SyncBackend, None, get_distribution("single"),
     ...                     RunSettings(Path(tempfile.mkdtemp()), steps=0))

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from daskrl.core.keys import of_runs, role_of
-from daskrl.runtime.backend import Activity, Backend
+from daskrl.runtime.engine import Activity, Backend
 
 FLOOR_S = 60.0
 """The shortest default bound: first tasks build envs and learners, and load varies."""
@@ -98,7 +98,7 @@ class Watchdog:
 
     Examples
     --------
-    >>> from daskrl.runtime.backend import SyncBackend
+    >>> from daskrl.runtime.sync_backend import SyncBackend
     >>> Watchdog(SyncBackend(), None).check(["ab12cd34"], ["local"])
     []
     """
