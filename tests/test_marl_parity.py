@@ -15,12 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from mpe2 import simple_tag_v3 as mpe2_tag  # the reference env (test extra)
 
 import marl._simple_tag_kernels as kernels
 import marl.simple_tag as simple_tag
 from marl.simple_tag import SimpleTag, SimpleTagConfig
-
-mpe2_tag = pytest.importorskip("mpe2.simple_tag_v3")
 
 TEAMS = {"1g3a": (1, 3, 2), "4g4a": (4, 4, 2), "10g30a": (10, 30, 3)}
 EPISODES = ("band", "beyond", "collide")

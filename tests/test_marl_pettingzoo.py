@@ -7,7 +7,6 @@ import pytest
 import torch
 
 pytest.importorskip("pettingzoo")
-mpe2 = pytest.importorskip("mpe2")
 
 from mpe2 import simple_spread_v3, simple_tag_v3  # noqa: E402
 from pettingzoo.test import parallel_api_test  # noqa: E402
