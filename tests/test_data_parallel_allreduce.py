@@ -51,6 +51,16 @@ CHILD = textwrap.dedent("""
 """)
 
 
+# Both replicas averaged in one process like the Dask path, and the summed mutation.
+REFERENCE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    from test_data_parallel_allreduce import _pair
+    print("PLAIN", *_pair()[0], flush=True)
+    print("SUMMED", *_pair(lambda a, b: a + b)[0], flush=True)
+""")
+
+
 def replica_setup(rank: int) -> tuple[MAPPOLearner, dict]:
     """Replica ``rank``'s learner (the same initial weights everywhere) and its own rollout."""
     learner = MAPPOLearner(layout_of(SHORT), ModelSpec(), HP, seed=0)
@@ -83,21 +93,28 @@ def test_gloo_all_reduce_gives_the_dask_paths_parameters(tmp_path):
     pytest.importorskip("torch.distributed")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch without gloo")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Every process computes with MKL in one mode: MKL fixes its mode (MKL_CBWR) at a
+    # process's first call, so this one's, set before anything ran here, may differ.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MKL_CBWR": "AUTO"}
     store = tmp_path / "store"
     here = str(Path(__file__).resolve().parent)
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), "2", str(store), here],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               cwd=ROOT) for r in range(2)]
+    procs.append(subprocess.Popen([sys.executable, "-c", REFERENCE, here],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, cwd=ROOT))
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
-    gloo = [next(line.split()[1] for line in out.splitlines() if line.startswith("DIGEST"))
-            for out, _ in outs]
-    plain, _ = _pair()
+
+    def line(out: str, tag: str) -> list[str]:
+        return next(x.split()[1:] for x in out.splitlines() if x.startswith(tag))
+
+    gloo = [line(out, "DIGEST")[0] for out, _ in outs[:2]]
+    plain, summed = line(outs[2][0], "PLAIN"), line(outs[2][0], "SUMMED")
     assert gloo[0] == gloo[1] == plain[0] == plain[1]
-    summed, _ = _pair(lambda a, b: a + b)  # a mutation of the mean: must not match
-    assert summed[0] == summed[1] != plain[0]
+    assert summed[0] == summed[1] != plain[0]  # a mutation of the mean: must not match
 
 
 def test_phases_record_every_round_of_both_replicas():
