@@ -19,6 +19,22 @@ PPO_GRAPH = REPO / "graphs" / "ppo.py"
 
 
 @pytest.fixture(scope="module")
+def cluster_pair() -> Iterator[dict[int, Client]]:
+    """Clients of a one-worker and a two-worker cluster (daskrl's own, one CPU per worker),
+    keyed by their worker count: for runs that must agree whatever the workers."""
+    from daskrl.cluster.local import local_cluster
+
+    clusters = {n: local_cluster([{"CPU": 1}] * n) for n in (1, 2)}
+    out = {n: Client(c) for n, c in clusters.items()}
+    try:
+        yield out
+    finally:
+        for n in out:
+            out[n].close()
+            clusters[n].close()
+
+
+@pytest.fixture(scope="module")
 def cluster_gpu_client() -> Iterator[Client]:
     """A client of a LocalCluster with workers ``w0`` {CPU: 1} and ``w1`` {CPU: 1, GPU: 1}.
 

@@ -5,7 +5,6 @@ weights on one and two workers, and MuJoCo envs under every distribution that se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,6 @@ from daskrl.algos.normalize import (
     shifted_sums,
 )
 from daskrl.algos.ppo import PPOHyper
-from daskrl.cluster.local import local_cluster
 from daskrl.core.envs import env_spaces
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
@@ -122,18 +120,6 @@ def test_learner_merges_the_actors_statistics_into_the_weights():
     assert torch.jit.script(pi)(obs).shape == (5, 1)
 
 
-@pytest.fixture(scope="module")
-def clients() -> Iterator[dict[int, Client]]:
-    clusters = {n: local_cluster([{"CPU": 1}] * n) for n in (1, 2)}
-    out = {n: Client(c) for n, c in clusters.items()}
-    try:
-        yield out
-    finally:
-        for n in out:
-            out[n].close()
-            clusters[n].close()
-
-
 def _run(client: Client, algo, spec: str, out: Path, iterations: int = 2) -> dict:
     settings = RunSettings(out=out, steps=iterations * algo.steps_per_iteration, seed=3,
                            eval=False, progress=False, tensorboard=False, deterministic=True)
@@ -141,11 +127,11 @@ def _run(client: Client, algo, spec: str, out: Path, iterations: int = 2) -> dic
 
 
 @pytest.mark.parametrize("spec", ["actors-learner", "data-parallel"])
-def test_statistics_are_identical_on_one_and_two_workers(clients, cluster_tiny_ppo, tmp_path,
+def test_statistics_are_identical_on_one_and_two_workers(cluster_pair, cluster_tiny_ppo, tmp_path,
                                                          spec):
     algo = cluster_tiny_ppo(env="Pendulum-v1", num_envs=2, hidden=16)
-    one = _run(clients[1], algo, spec, tmp_path / "one")
-    two = _run(clients[2], algo, spec, tmp_path / "two")
+    one = _run(cluster_pair[1], algo, spec, tmp_path / "one")
+    two = _run(cluster_pair[2], algo, spec, tmp_path / "two")
     assert len(set(sum(two["placement"].values(), []))) == 2, two["placement"]
     assert one["weights_sha256"] == two["weights_sha256"]
     ckpt = sorted((tmp_path / "two" / "checkpoints").glob("ckpt-*.pt"))[-1]
@@ -159,12 +145,12 @@ MUJOCO = ["Hopper-v5", "HalfCheetah-v5", "Walker2d-v5"]
 
 @pytest.mark.parametrize("spec", ["actors-learner", "single", "data-parallel",
                                   "central-inference", "actors-learner:stale=1"])
-def test_mujoco_runs_under_every_distribution_that_serves_ppo(clients, cluster_tiny_ppo,
+def test_mujoco_runs_under_every_distribution_that_serves_ppo(cluster_pair, cluster_tiny_ppo,
                                                               tmp_path, spec):
     pytest.importorskip("mujoco")
     for env in MUJOCO:
         algo = cluster_tiny_ppo(env=env, num_envs=2, num_steps=16, hidden=16)
-        summary = _run(clients[2], algo, spec, tmp_path / env, iterations=1)
+        summary = _run(cluster_pair[2], algo, spec, tmp_path / env, iterations=1)
         model = torch.load(sorted((tmp_path / env / "checkpoints").glob("ckpt-*.pt"))[-1],
                            weights_only=False)["learner"]["model"]
         obs_dim = env_spaces(env)[0].shape[0]

@@ -11,7 +11,6 @@ workers apart.
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.core.worker_state import OutOfTurn, drop_run, in_turn
 from daskrl.distributions import get_distribution
@@ -52,19 +50,6 @@ def _algo(name: str):
     return graph.build(graph.Config(**TINY.get(name, {})))
 
 
-@pytest.fixture(scope="module")
-def clients() -> Iterator[dict[int, Client]]:
-    """Clients of a one-worker and a two-worker cluster (one CPU each, daskrl's own)."""
-    clusters = {n: local_cluster([{"CPU": 1}] * n) for n in (1, 2)}
-    out = {n: Client(c) for n, c in clusters.items()}
-    try:
-        yield out
-    finally:
-        for n in out:
-            out[n].close()
-            clusters[n].close()
-
-
 def _train(client: Client, algo, spec: str, out: Path, iterations: int = 4) -> dict:
     settings = RunSettings(out=out, steps=iterations * algo.steps_per_iteration, seed=11,
                            eval=False, progress=False, tensorboard=False, deterministic=True)
@@ -81,9 +66,9 @@ CLAIMS = [
 
 
 @pytest.mark.parametrize(("name", "spec"), CLAIMS, ids=[f"{n}-{s}" for n, s in CLAIMS])
-def test_one_hash_over_one_and_two_workers_each_run_twice(clients, tmp_path, name, spec):
+def test_one_hash_over_one_and_two_workers_each_run_twice(cluster_pair, tmp_path, name, spec):
     algo = _algo(name)
-    runs = [(n, _train(clients[n], algo, spec, tmp_path / f"w{n}-{k}"))
+    runs = [(n, _train(cluster_pair[n], algo, spec, tmp_path / f"w{n}-{k}"))
             for k in range(2) for n in (1, 2)]
     hashes = {f"{n} worker(s), run {k % 2 + 1}": s["weights_sha256"][:12]
               for k, (n, s) in enumerate(runs)}
@@ -100,10 +85,10 @@ def test_one_hash_over_one_and_two_workers_each_run_twice(clients, tmp_path, nam
 @pytest.mark.parametrize(("name", "spec"), [("impala", "impala"), ("a3c", "async"),
                                             ("dqn", "apex")])
 def test_distributions_whose_results_follow_arrival_order_are_refused_in_one_line(
-        clients, tmp_path, name, spec):
+        cluster_pair, tmp_path, name, spec):
     algo = _algo(name)
     with pytest.raises(ValueError, match=r"^--deterministic: ") as info:
-        _train(clients[1], algo, spec, tmp_path / "refused")
+        _train(cluster_pair[1], algo, spec, tmp_path / "refused")
     assert "\n" not in str(info.value)
     assert not (tmp_path / "refused").exists()  # refused before anything was written
 
@@ -128,10 +113,10 @@ def _alignment_variants() -> tuple[int, str | None]:
     return len(seen), os.environ.get("MKL_CBWR")
 
 
-def test_worker_products_do_not_depend_on_where_data_lands(clients):
+def test_worker_products_do_not_depend_on_where_data_lands(cluster_pair):
     """Tensors that arrive in message frames sit at any alignment: in daskrl's workers MKL
     still takes one code path (``MKL_CBWR``), so the bits do not follow the address."""
-    for client in clients.values():
+    for client in cluster_pair.values():
         for variants, cbwr in client.run(_alignment_variants).values():
             assert (variants, cbwr) == (1, "AUTO")
 

@@ -14,13 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from distributed import Client
 
-from daskrl.cluster.local import local_cluster
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
 
@@ -30,30 +28,17 @@ GRAPH = REPO / "graphs" / "ppo.py"
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def clients() -> Iterator[dict[int, Client]]:
-    """Clients of a one-worker and a two-worker LocalCluster."""
-    clusters = {n: local_cluster([{"CPU": 1}] * n) for n in (1, 2)}
-    out = {n: Client(c) for n, c in clusters.items()}
-    try:
-        yield out
-    finally:
-        for n in out:
-            out[n].close()
-            clusters[n].close()
-
-
 def _run(client: Client, algo, spec: str, out: Path, deterministic: bool = True) -> dict:
     settings = RunSettings(out=out, steps=3 * algo.steps_per_iteration, seed=7, eval=False,
                            progress=False, tensorboard=False, deterministic=deterministic)
     return train(client, algo, get_distribution(spec), settings)
 
 
-def test_without_it_fused_replicas_change_the_weights(clients, cluster_tiny_ppo, tmp_path):
+def test_without_it_fused_replicas_change_the_weights(cluster_pair, cluster_tiny_ppo, tmp_path):
     """The control: by default co-located replicas fuse, so one worker trains other weights."""
     algo = cluster_tiny_ppo()
-    one = _run(clients[1], algo, "actors-learner", tmp_path / "one", deterministic=False)
-    two = _run(clients[2], algo, "actors-learner", tmp_path / "two", deterministic=False)
+    one = _run(cluster_pair[1], algo, "actors-learner", tmp_path / "one", deterministic=False)
+    two = _run(cluster_pair[2], algo, "actors-learner", tmp_path / "two", deterministic=False)
     assert one["weights_sha256"] != two["weights_sha256"]
 
 

@@ -8,7 +8,6 @@ import csv
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from daskrl.algos.networks import actor_critic_for
 from daskrl.algos.normalize import Moments, Normalization
 from daskrl.algos.ppo import PPOHyper
 from daskrl.algos.vtrace import SequenceActor, VTraceLearner
-from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,18 +195,6 @@ def test_the_refusals_that_remain_are_one_line() -> None:
     assert "--vtrace serves flat observations" in line and "(4, 84, 84)" in line
 
 
-@pytest.fixture(scope="module")
-def clients() -> Iterator[dict[int, Client]]:
-    clusters = {n: local_cluster([{"CPU": 1}] * n) for n in (1, 2)}
-    out = {n: Client(c) for n, c in clusters.items()}
-    try:
-        yield out
-    finally:
-        for n in out:
-            out[n].close()
-            clusters[n].close()
-
-
 def _train(client: Client, spec: str, out: Path, deterministic: bool = True) -> dict[str, Any]:
     from daskrl.distributions import get_distribution
     from daskrl.runtime.driver import RunSettings, train
@@ -228,17 +214,17 @@ def _train(client: Client, spec: str, out: Path, deterministic: bool = True) -> 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("spec", ["actors-learner", "single", "impala"])
-def test_pendulum_vtrace_runs_under_the_distributions_that_serve_it(clients: dict[int, Client],
+def test_pendulum_vtrace_runs_under_the_distributions_that_serve_it(cluster_pair: dict[int, Client],
                                                                      tmp_path: Path,
                                                                      spec: str) -> None:
-    _train(clients[2], spec, tmp_path, deterministic=spec != "impala")
+    _train(cluster_pair[2], spec, tmp_path, deterministic=spec != "impala")
 
 
 @pytest.mark.timeout(300)
-def test_vtrace_statistics_are_identical_on_one_and_two_workers(clients: dict[int, Client],
+def test_vtrace_statistics_are_identical_on_one_and_two_workers(cluster_pair: dict[int, Client],
                                                                  tmp_path: Path) -> None:
     # data-parallel: the replicas average their moments before the V-trace update
-    one = _train(clients[1], "data-parallel", tmp_path / "one")
-    two = _train(clients[2], "data-parallel", tmp_path / "two")
+    one = _train(cluster_pair[1], "data-parallel", tmp_path / "one")
+    two = _train(cluster_pair[2], "data-parallel", tmp_path / "two")
     assert len(set(sum(two["placement"].values(), []))) == 2, two["placement"]
     assert one["weights_sha256"] == two["weights_sha256"]
