@@ -14,10 +14,11 @@ from functools import partial
 import numpy as np
 
 from daskrl import Algorithm, Resources, setting
+from daskrl.algos.box_control import box_dims
 from daskrl.algos.env_runner import StepCost
 from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.replay_buffers import transition_nbytes
-from daskrl.algos.sac import SACActor, SACHyper, SACLearner, box_dims, sac_policy
+from daskrl.algos.sac import SACActor, SACHyper, SACLearner, sac_policy
 from daskrl.core.sizes import Sizes, mlp_params
 
 
@@ -65,7 +66,7 @@ class Config:
 
 def make_learner(config: Config, seed: int, device: str) -> SACLearner:
     """Role ``learner``: actor, critics, temperature, optimisers and the resident replay."""
-    obs_dim, low, high = box_dims(config.env)
+    obs_dim, low, high = box_dims(config.env, "SAC")
     return SACLearner(obs_dim, low, high, seed, (config.hidden,) * 2, config.hyper(), device)
 
 
@@ -83,7 +84,7 @@ def evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
 
 def build(config: Config) -> Algorithm:
     """SAC as an :class:`~daskrl.Algorithm`; the distribution decides where each role runs."""
-    obs_dim, low, _ = box_dims(config.env)  # one line when the actions are not a Box
+    obs_dim, low, _ = box_dims(config.env, "SAC")  # one line when the actions are not a Box
     act_dim, hidden = len(low), (config.hidden,) * 2
     per = transition_nbytes((obs_dim,), np.float32, (act_dim,), np.float32, False)
     params = (mlp_params(obs_dim, 2 * act_dim, hidden)

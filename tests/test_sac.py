@@ -193,7 +193,7 @@ def test_light_state_leaves_out_the_replay_and_a_learner_rebuilt_from_it_reports
 
 
 def test_a_checkpoint_of_two_separate_critics_loads_into_the_stacked_ones():
-    from daskrl.algos.sac import TwinQ
+    from daskrl.algos.box_control import TwinQ
 
     saved = TwinQ(3, 1, (8,))
     old = {f"q{j + 1}.{k}": v for j, member in enumerate(saved.q.unstacked())

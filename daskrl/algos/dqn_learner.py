@@ -29,10 +29,10 @@ from daskrl.algos.offpolicy import (
     minibatches,
     optimizer_state,
     polyak_,
-    restore_replay,
 )
 from daskrl.algos.qnet import QNetwork, q_and_target
 from daskrl.algos.replay_buffers import importance_weights, make_replay
+from daskrl.algos.replay_learner import ReplayLearner
 
 Batch = dict[str, Any]
 FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
@@ -73,8 +73,9 @@ def linear_schedule(start: float, end: float, fraction: float, progress: float) 
     return start + (end - start) * min(1.0, progress / fraction)
 
 
-class DQNLearner:
-    """Role ``learner`` for DQN: Q-network, target network, optimiser and the replay.
+class DQNLearner(ReplayLearner):
+    """Role ``learner`` for DQN: Q-network, target network, optimiser and the replay
+    (fed and checkpointed by :class:`~daskrl.algos.replay_learner.ReplayLearner`).
 
     Examples
     --------
@@ -91,48 +92,33 @@ class DQNLearner:
                  hidden: tuple[int, ...] = (256, 256), hyper: DQNHyper = DQNHyper(),
                  device: str = "cpu") -> None:
         torch.manual_seed(seed)
+        super().__init__(make_replay(hyper.buffer_size, hyper.prioritized_replay,
+                                     hyper.prioritized_replay_alpha, seed),
+                         hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
         self.hyper, self.device = hyper, device
         self.net = QNetwork(obs_dim, num_actions, hidden).to(device)
         self.target = copy.deepcopy(self.net)
         self.params = list(self.net.parameters())
         self.optimizer = adam(self.params, hyper.learning_rate)
-        self.replay = make_replay(hyper.buffer_size, hyper.prioritized_replay,
-                                  hyper.prioritized_replay_alpha, seed)
-        self.env_steps = 0
-        self.gradient_steps = 0
-        self.replay_lost = 0
-        """Transitions lost when this learner was restored from a state without its replay;
-        reported (then reset) by the next update."""
 
-    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
-        """Add the batches to the replay, then train on samples of it (see module notes)."""
+    def schedule(self, progress: float) -> dict[str, float]:
+        """Epsilon at ``progress`` (carried to the actors by the weights)."""
         h = self.hyper
-        for batch in batches:
-            self.replay.add(batch, batch.get("priorities"))
-        before = self.env_steps
-        self.env_steps += sum(int(b["stats"]["env_steps"]) for b in batches)
         self.net.epsilon.fill_(linear_schedule(h.start_e, h.end_e, h.exploration_fraction,
                                                progress))
-        beta = h.prioritized_replay_beta + (1 - h.prioritized_replay_beta) * progress
-        metrics: dict[str, float] = {"charts/epsilon": float(self.net.epsilon)}
-        means = TensorMeans()
-        steps = 0
-        if len(self.replay) >= max(1, h.learning_starts):  # else: wait, filling the buffer
-            tf = max(1, h.train_frequency)
-            ends = [k * tf for k in range(before // tf + 1, self.env_steps // tf + 1)]
-            syncs = [s // h.target_network_frequency > (s - tf) // h.target_network_frequency
-                     for s in ends]
-            steps = len(ends)
-            if self.replay.prioritized:
-                self._train_prioritized(syncs, beta, means)
-            else:
-                self._train_uniform(syncs, means)
-        metrics.update(self.replay_metrics())
-        metrics.update({"gradient_steps": steps, "learner_env_steps": self.env_steps,
-                        "replay_lost": self.replay_lost})
-        self.replay_lost = 0
-        metrics.update({f"losses/{k}": v for k, v in means.means().items()})
-        return metrics
+        return {"charts/epsilon": float(self.net.epsilon)}
+
+    def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
+        """A gradient step at each of ``ends``; the target updates after each step that
+        crosses a multiple of ``target_network_frequency`` env steps."""
+        h, tf = self.hyper, self.train_frequency
+        syncs = [s // h.target_network_frequency > (s - tf) // h.target_network_frequency
+                 for s in ends]
+        if self.replay.prioritized:
+            beta = h.prioritized_replay_beta + (1 - h.prioritized_replay_beta) * progress
+            self._train_prioritized(syncs, beta, means)
+        else:
+            self._train_uniform(syncs, means)
 
     def _train_uniform(self, syncs: list[bool], means: TensorMeans) -> None:
         """``len(syncs)`` gradient steps on one sample of the replay; the target updates
@@ -224,11 +210,6 @@ class DQNLearner:
         metrics.update({f"losses/{k}": v for k, v in means.means().items()})
         return metrics, out
 
-    def replay_metrics(self) -> dict[str, float]:
-        """Size, bytes and capacity of the replay."""
-        return {"replay_size": len(self.replay), "replay_bytes": self.replay.nbytes,
-                "replay_capacity": self.replay.capacity}
-
     def gradient_step(self, sample: Batch, means: TensorMeans | None = None) -> np.ndarray:
         """One Huber-loss step on ``sample`` weighted by its importance ``weights``; returns
         the new |TD errors| (priorities) and adds the loss and mean Q to ``means``."""
@@ -265,31 +246,15 @@ class DQNLearner:
         """A CPU copy of the Q-network (with its epsilon) for the actors."""
         return {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Networks, optimiser, counters and, unless ``save_replay`` is off, the replay."""
-        state = self._state()
-        if self.hyper.save_replay:
-            state["replay"] = self.replay.state_dict()
-        return state
-
-    def light_state_dict(self) -> dict[str, Any]:
-        """:meth:`state_dict` without the replay's contents (capability ``light-state``):
-        what outputs between checkpoints carry, instead of a copy of the whole buffer."""
-        return {**self._state(), "light": True}
-
-    def _state(self) -> dict[str, Any]:
+    def model_state(self) -> dict[str, Any]:
+        """Network, target and optimiser (CPU copies)."""
         return {
             "model": self.weights(),
             "target": {k: v.detach().cpu().clone() for k, v in self.target.state_dict().items()},
-            "optimizer": optimizer_state(self.optimizer), "env_steps": self.env_steps,
-            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay)}
+            "optimizer": optimizer_state(self.optimizer)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict` or :meth:`light_state_dict`; a state without the
-        replay's contents leaves the buffer empty, says so, and the next update reports the
-        transitions lost (``replay_lost``)."""
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`model_state` gave."""
         self.net.load_state_dict(state["model"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.env_steps, self.gradient_steps = int(state["env_steps"]), int(state["gradient_steps"])
-        self.replay_lost = restore_replay(self.replay, state)

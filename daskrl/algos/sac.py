@@ -7,9 +7,9 @@ optimisers, moves the target critics with one call and reads its losses once per
 (:mod:`daskrl.algos.offpolicy`); the actor's loss is differentiated for the actor's
 parameters only (the critics' gradients of it were never used).
 
-Until the replay holds ``learning_starts`` transitions the actors act uniformly at random:
-the learner says so through a buffer of the policy (``explore``) that travels with the
-weights, as DQN's epsilon does.
+Until the replay holds ``learning_starts`` transitions the actors act uniformly at random
+(:mod:`daskrl.algos.box_control`); the replay's feeding, the gradient-step accounting and the
+state are :class:`~daskrl.algos.replay_learner.ReplayLearner`'s.
 """
 
 from __future__ import annotations
@@ -20,14 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.ensemble import StackedMLP
-from daskrl.algos.env_runner import NO_COST, StepCost
+from daskrl.algos.box_control import BoxActor, TwinQ, box_dims, stop_exploring
 from daskrl.algos.offpolicy import (
     TensorMeans,
     adam,
@@ -35,99 +33,20 @@ from daskrl.algos.offpolicy import (
     minibatches,
     optimizer_state,
     polyak_,
-    restore_replay,
 )
-from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay_buffers import make_replay
-from daskrl.algos.squashed_gaussian import (  # re-exported
-    LOG_STD_MAX,
-    LOG_STD_MIN,
-    SquashedGaussian,
-    SquashedPolicy,
-)
-from daskrl.algos.transitions import TransitionCollector
+from daskrl.algos.replay_learner import ReplayLearner
+from daskrl.algos.squashed_gaussian import SquashedGaussian
 
 Batch = dict[str, Any]
 FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
 
-__all__ = ["FIELDS", "LOG_STD_MAX", "LOG_STD_MIN", "SACActor", "SACHyper", "SACLearner",
-           "SquashedGaussian", "SquashedPolicy", "TwinQ", "box_dims", "sac_policy"]
+__all__ = ["FIELDS", "SACActor", "SACHyper", "SACLearner", "sac_policy"]
 
 
-def box_dims(env_id: str) -> tuple[int, np.ndarray, np.ndarray]:
-    """Flat observation size and the action bounds of ``env_id``; one line naming the action
-    space when it is not a Box.
-
-    Examples
-    --------
-    >>> obs_dim, low, high = box_dims("Pendulum-v1")
-    >>> obs_dim, low.tolist(), high.tolist()
-    (3, [-2.0], [2.0])
-    >>> box_dims("CartPole-v1")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: SAC needs a continuous (Box) action space, but CartPole-v1's is Discrete(2): use ...
-    """
-    env = gym.make(env_id)
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        raise ValueError(f"SAC needs a continuous (Box) action space, but {env_id}'s is "
-                         f"{act_space}: use graphs/dqn.py for discrete actions")
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ValueError(f"SAC needs a Box observation space, but {env_id}'s is {obs_space}: "
-                         "use a flattening wrapper")
-    return (int(np.prod(obs_space.shape)), act_space.low.astype(np.float32).reshape(-1),
-            act_space.high.astype(np.float32).reshape(-1))
-
-
-class TwinQ(nn.Module):
-    """Two independent Q-networks over (observation, action), evaluated as one
-    (:class:`~daskrl.algos.ensemble.StackedMLP`: one batched product per layer for both).
-
-    Each critic is initialised as its own ``relu_mlp`` (PyTorch's default), then stacked.
-
-    Examples
-    --------
-    >>> q1, q2 = TwinQ(3, 1, (16,))(torch.zeros(4, 3), torch.zeros(4, 1))
-    >>> q1.shape, q2.shape
-    (torch.Size([4]), torch.Size([4]))
-    """
-
-    def __init__(self, obs_dim: int, act_dim: int, hidden: tuple[int, ...] = (256, 256)) -> None:
-        super().__init__()
-        self.q = StackedMLP([relu_mlp(obs_dim + act_dim, 1, hidden) for _ in range(2)])
-
-    def both(self, obs: Tensor, act: Tensor) -> Tensor:
-        """Both Q-values, ``[2, B]``."""
-        x = torch.cat([obs.reshape(obs.shape[0], -1), act.reshape(act.shape[0], -1)], -1)
-        return self.q(x).squeeze(-1)
-
-    def forward(self, obs: Tensor, act: Tensor) -> tuple[Tensor, Tensor]:
-        """Both Q-values, each ``[B]``."""
-        q1, q2 = self.both(obs, act)
-        return q1, q2
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any
-                              ) -> None:
-        # a checkpoint of the two critics as separate MLPs (q1.0.weight, ...): stack them
-        if f"{prefix}q1.0.weight" in state_dict:
-            for name in [k for k in state_dict if k.startswith((f"{prefix}q1.", f"{prefix}q2."))]:
-                member, layer, kind = name[len(prefix):].split(".")
-                value = state_dict.pop(name)
-                i, j = int(layer) // 2, int(member[1]) - 1
-                key = f"{prefix}q.{'weights' if kind == 'weight' else 'biases'}.{i}"
-                parts = state_dict.setdefault(key, [None, None])
-                parts[j] = value.t() if kind == "weight" else value.unsqueeze(0)
-            for key in [k for k in state_dict if k.startswith(f"{prefix}q.")]:
-                if isinstance(state_dict[key], list):
-                    state_dict[key] = torch.stack(state_dict[key]).contiguous()
-        super()._load_from_state_dict(state_dict, prefix, *args)
-
-
-class SACActor:
-    """Role ``rollout`` for SAC: envs and a policy copy (uniform random actions until the
-    learner's weights say learning started).
+class SACActor(BoxActor):
+    """Role ``rollout`` for SAC: envs and a policy copy sampling squashed Gaussian actions
+    (uniform random ones until the learner's weights say learning started).
 
     Examples
     --------
@@ -137,50 +56,18 @@ class SACActor:
     ((16, 1), dtype('float32'))
     """
 
-    def __init__(self, env_id: str, num_envs: int, seed: int,
-                 hidden: tuple[int, ...] = (256, 256), n_step: int = 1, gamma: float = 0.99,
-                 step_cost: StepCost = NO_COST) -> None:
-        self.env_id, self.num_envs, self.seed, self.hidden = env_id, num_envs, seed, hidden
-        self.collector = TransitionCollector(env_id, num_envs, seed, n_step, gamma, step_cost)
-        obs_dim, self.low, self.high = box_dims(env_id)
-        self.actor = SquashedGaussian(obs_dim, self.low, self.high, hidden)
-        self.rng = np.random.default_rng(seed)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.version = -1
+    algo = "SAC"
 
-    def set_weights(self, weights: dict[str, Tensor], version: int) -> None:
-        """Load the learner's actor weights unless this version is already loaded."""
-        if version != self.version:
-            self.actor.load_state_dict(weights)
-            self.version = version
+    def make_module(self, obs_dim: int, low: np.ndarray, high: np.ndarray,
+                    hidden: tuple[int, ...]) -> SquashedGaussian:
+        """The squashed Gaussian policy."""
+        return SquashedGaussian(obs_dim, low, high, hidden)
 
-    def resized(self, num_envs: int, seed: int) -> SACActor:
-        """An actor with the same settings, ``num_envs`` envs and ``seed``."""
-        col = self.collector
-        return SACActor(self.env_id, num_envs, seed, self.hidden, col.n_step, col.gamma,
-                        col.step_cost)
-
-    def rollout(self, num_steps: int) -> Batch:
-        """``num_steps`` steps of every env with sampled actions, as transitions."""
-        explore = bool(self.actor.explore)
-
-        def choose(obs: np.ndarray) -> np.ndarray:
-            if explore:
-                return self.rng.uniform(self.low, self.high, (len(obs), len(self.low))).astype(
-                    np.float32)
-            with torch.inference_mode():
-                mean, log_std = self.actor(torch.as_tensor(obs, dtype=torch.float32))
-                noise = torch.randn(mean.shape, generator=self.generator)
-                act = torch.tanh(mean + log_std.exp() * noise) * self.actor.scale + self.actor.bias
-            return act.numpy()
-
-        batch = self.collector.collect(num_steps, choose)
-        batch["stats"].update(policy_version=self.version, random_actions=int(explore))
-        return batch
-
-    def close(self) -> None:
-        """Close the envs."""
-        self.collector.close()
+    def act(self, obs: Tensor) -> Tensor:
+        """A sample of the squashed Gaussian (the actor's own generator)."""
+        mean, log_std = self.actor(obs)
+        noise = torch.randn(mean.shape, generator=self.generator)
+        return torch.tanh(mean + log_std.exp() * noise) * self.actor.scale + self.actor.bias
 
 
 @dataclass(frozen=True)
@@ -201,9 +88,10 @@ class SACHyper:
     save_replay: bool = True
 
 
-class SACLearner:
+class SACLearner(ReplayLearner):
     """Role ``learner`` for SAC: actor, twin critics and their targets, entropy
-    temperature, optimisers and the replay.
+    temperature, optimisers and the replay (fed and checkpointed by
+    :class:`~daskrl.algos.replay_learner.ReplayLearner`).
 
     Examples
     --------
@@ -218,6 +106,8 @@ class SACLearner:
                  hidden: tuple[int, ...] = (256, 256), hyper: SACHyper = SACHyper(),
                  device: str = "cpu") -> None:
         torch.manual_seed(seed)
+        super().__init__(make_replay(hyper.buffer_size, False, seed=seed), hyper.learning_starts,
+                         hyper.train_frequency, hyper.save_replay)
         self.hyper, self.device = hyper, device
         self.actor = SquashedGaussian(obs_dim, low, high, hidden).to(device)
         self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
@@ -232,42 +122,20 @@ class SACLearner:
         if not hyper.autotune:
             self.log_alpha.data.fill_(math.log(hyper.alpha))
         self.a_optimizer = adam([self.log_alpha], hyper.q_lr)
-        self.replay = make_replay(hyper.buffer_size, False, seed=seed)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         """The update's own noise (on the learner's device, so a GPU resume is exact too):
         torch's global generator is shared with every other task in the worker's process."""
-        self.env_steps = 0
-        self.gradient_steps = 0
-        self.replay_lost = 0
-        """Transitions lost when this learner was restored from a state without its replay;
-        reported (then reset) by the next update."""
 
-    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
-        """Add the batches to the replay, then one gradient step per ``train_frequency`` new
-        env steps once the replay holds ``learning_starts`` transitions."""
-        h = self.hyper
-        for batch in batches:
-            self.replay.add(batch)
-        before = self.env_steps
-        self.env_steps += sum(int(b["stats"]["env_steps"]) for b in batches)
-        means = TensorMeans()
-        random_actions = float(self.actor.explore)  # what this update's batches acted with
-        steps = 0
-        if len(self.replay) >= max(1, h.learning_starts):
-            self.actor.explore.fill_(0.0)
-            tf = max(1, h.train_frequency)
-            steps = self.env_steps // tf - before // tf
-            if steps:
-                mb = minibatches(self.replay, steps, h.batch_size, FIELDS, self.device)
-                for i in range(steps):
-                    self._step({k: v[i] for k, v in mb.items()}, means)
-        metrics = {f"losses/{k}": v for k, v in means.means().items()}
-        metrics.update(gradient_steps=steps, learner_env_steps=self.env_steps,
-                       random_actions=random_actions,
-                       replay_size=len(self.replay), replay_bytes=self.replay.nbytes,
-                       replay_capacity=self.replay.capacity, replay_lost=self.replay_lost)
-        self.replay_lost = 0
-        return metrics
+    def schedule(self, progress: float) -> dict[str, float]:
+        """``random_actions``: whether this update's batches acted uniformly; the actors
+        stop once the replay holds ``learning_starts`` transitions."""
+        return stop_exploring(self.actor, self.ready)
+
+    def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
+        """``len(ends)`` gradient steps on one sample of the replay (:meth:`_step`)."""
+        mb = minibatches(self.replay, len(ends), self.hyper.batch_size, FIELDS, self.device)
+        for i in range(len(ends)):
+            self._step({k: v[i] for k, v in mb.items()}, means)
 
     def gradient_step(self, sample: Mapping[str, Any]) -> dict[str, float]:
         """One gradient step on ``sample`` (see :meth:`_step`); its losses and values."""
@@ -318,20 +186,8 @@ class SACLearner:
         """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
         return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Networks, optimisers, temperature, counters, the noise generator's state and
-        (unless ``save_replay`` is off) the replay."""
-        state = self._state()
-        if self.hyper.save_replay:
-            state["replay"] = self.replay.state_dict()
-        return state
-
-    def light_state_dict(self) -> dict[str, Any]:
-        """:meth:`state_dict` without the replay's contents (capability ``light-state``):
-        what outputs between checkpoints carry, instead of a copy of the whole buffer."""
-        return {**self._state(), "light": True}
-
-    def _state(self) -> dict[str, Any]:
+    def model_state(self) -> dict[str, Any]:
+        """Networks, optimisers, temperature and the noise generator's state (CPU)."""
         def cpu(module: nn.Module) -> dict[str, Tensor]:
             return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
@@ -340,14 +196,11 @@ class SACLearner:
             "log_alpha": self.log_alpha.detach().cpu().clone(),
             "q_optimizer": optimizer_state(self.q_optimizer),
             "actor_optimizer": optimizer_state(self.actor_optimizer),
-            "a_optimizer": optimizer_state(self.a_optimizer), "env_steps": self.env_steps,
-            "gradient_steps": self.gradient_steps, "replay_size": len(self.replay),
+            "a_optimizer": optimizer_state(self.a_optimizer),
             "generator": self.generator.get_state()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict` or :meth:`light_state_dict`; without the replay's
-        contents the buffer restarts empty, says so, and the next update reports the
-        transitions lost (``replay_lost``)."""
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`model_state` gave."""
         self.actor.load_state_dict(state["model"])
         self.qf.load_state_dict(state["qf"])
         self.qf_target.load_state_dict(state["qf_target"])
@@ -355,10 +208,8 @@ class SACLearner:
         self.q_optimizer.load_state_dict(state["q_optimizer"])
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.a_optimizer.load_state_dict(state["a_optimizer"])
-        self.env_steps, self.gradient_steps = int(state["env_steps"]), int(state["gradient_steps"])
         if "generator" in state:  # a state from before the learner had its own keeps the seed's
             self.generator.set_state(state["generator"])
-        self.replay_lost = restore_replay(self.replay, state)
 
 
 def sac_policy(env_id: str, hidden: tuple[int, ...], weights: dict[str, Tensor],
@@ -371,7 +222,7 @@ def sac_policy(env_id: str, hidden: tuple[int, ...], weights: dict[str, Tensor],
     >>> sac_policy("Pendulum-v1", (8,), w)(torch.zeros(2, 3)).shape
     torch.Size([2, 1])
     """
-    obs_dim, low, high = box_dims(env_id)
+    obs_dim, low, high = box_dims(env_id, "SAC")
     actor = SquashedGaussian(obs_dim, low, high, hidden)
     actor.load_state_dict(weights)
     return actor.policy(deterministic).eval()
