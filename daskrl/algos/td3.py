@@ -1,0 +1,244 @@
+"""TD3 (Fujimoto et al. 2018) for continuous actions: a deterministic actor, twin critics
+whose smaller value is the target, target policy smoothing (clipped noise on the target
+actor's action) and delayed actor and target updates (CleanRL's ``td3_continuous_action``
+maths).
+
+Only the maths is here: the replay's feeding, the gradient-step accounting and the state are
+:class:`~daskrl.algos.replay_learner.ReplayLearner`'s; the twin critics, the Box checks and
+the actors' uniform exploration before learning starts are
+:mod:`daskrl.algos.box_control`'s, as SAC's are.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from daskrl.algos.box_control import BoxActor, TwinQ, box_dims, stop_exploring
+from daskrl.algos.env_runner import NO_COST, StepCost
+from daskrl.algos.layers import run_mlp
+from daskrl.algos.offpolicy import (
+    TensorMeans,
+    adam,
+    as_tensors,
+    minibatches,
+    optimizer_state,
+    polyak_,
+)
+from daskrl.algos.qnet import relu_mlp
+from daskrl.algos.replay_buffers import make_replay
+from daskrl.algos.replay_learner import ReplayLearner
+
+FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
+
+
+class DeterministicActor(nn.Module):
+    """``obs -> tanh(MLP(obs))`` scaled to the action bounds, with an ``explore`` buffer
+    (1 while the actors should act uniformly at random).
+
+    Examples
+    --------
+    >>> pi = DeterministicActor(3, np.array([-2.0]), np.array([2.0]), (16,))
+    >>> a = pi(torch.zeros(5, 3))
+    >>> a.shape, bool((a.abs() <= 2).all())
+    (torch.Size([5, 1]), True)
+    """
+
+    def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray,
+                 hidden: tuple[int, ...] = (400, 300)) -> None:
+        super().__init__()
+        self.body = relu_mlp(obs_dim, len(low), hidden)
+        low_t = torch.as_tensor(low, dtype=torch.float32)
+        high_t = torch.as_tensor(high, dtype=torch.float32)
+        self.register_buffer("scale", (high_t - low_t) / 2)
+        self.register_buffer("bias", (high_t + low_t) / 2)
+        self.register_buffer("low", low_t)
+        self.register_buffer("high", high_t)
+        self.register_buffer("explore", torch.tensor(1.0))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Actions within the bounds."""
+        x = run_mlp(self.body, obs.float().reshape(obs.shape[0], -1))
+        return torch.tanh(x) * self.scale + self.bias
+
+
+class TD3Actor(BoxActor):
+    """Role ``rollout`` for TD3: the deterministic actor's action plus Gaussian noise of
+    ``exploration_noise`` times the action scale, clipped to the bounds (uniform random
+    actions until learning starts).
+
+    Examples
+    --------
+    >>> actor = TD3Actor("Pendulum-v1", 2, seed=0, hidden=(16,), exploration_noise=0.1)
+    >>> actor.rollout(8)["actions"].shape
+    (16, 1)
+    >>> actor.resized(3, seed=1).settings
+    {'exploration_noise': 0.1}
+    """
+
+    algo = "TD3"
+
+    def __init__(self, env_id: str, num_envs: int, seed: int,
+                 hidden: tuple[int, ...] = (400, 300), n_step: int = 1, gamma: float = 0.99,
+                 step_cost: StepCost = NO_COST, exploration_noise: float = 0.1) -> None:
+        super().__init__(env_id, num_envs, seed, hidden, n_step, gamma, step_cost,
+                         exploration_noise=exploration_noise)
+        self.exploration_noise = exploration_noise
+
+    def make_module(self, obs_dim: int, low: np.ndarray, high: np.ndarray,
+                    hidden: tuple[int, ...]) -> DeterministicActor:
+        """The deterministic actor."""
+        return DeterministicActor(obs_dim, low, high, hidden)
+
+    def act(self, obs: Tensor) -> Tensor:
+        """The actor's action with exploration noise (the actor's own generator)."""
+        mean = self.actor(obs)
+        noise = torch.randn(mean.shape, generator=self.generator)
+        noise = noise * (self.exploration_noise * self.actor.scale)
+        return torch.maximum(torch.minimum(mean + noise, self.actor.high), self.actor.low)
+
+
+@dataclass(frozen=True)
+class TD3Hyper:
+    """TD3's update settings (CleanRL's names; see ``graphs/td3.py`` for each flag)."""
+
+    learning_rate: float = 1e-3
+    batch_size: int = 256
+    buffer_size: int = 200_000
+    learning_starts: int = 10_000
+    tau: float = 0.005
+    policy_noise: float = 0.2
+    noise_clip: float = 0.5
+    policy_frequency: int = 2
+    train_frequency: int = 1
+    save_replay: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy_frequency < 1:
+            raise ValueError(f"policy_frequency must be >= 1, got {self.policy_frequency}")
+
+
+class TD3Learner(ReplayLearner):
+    """Role ``learner`` for TD3: actor and twin critics, their targets, two optimisers and
+    the replay.
+
+    Examples
+    --------
+    >>> learner = TD3Learner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(16,),
+    ...                      hyper=TD3Hyper(learning_starts=8, batch_size=4))
+    >>> m = learner.update([TD3Actor("Pendulum-v1", 2, 0, (16,)).rollout(8)], 0.0)
+    >>> m["gradient_steps"], "losses/actor_loss" in m
+    (16, True)
+    """
+
+    def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray, seed: int,
+                 hidden: tuple[int, ...] = (400, 300), hyper: TD3Hyper = TD3Hyper(),
+                 device: str = "cpu") -> None:
+        torch.manual_seed(seed)
+        super().__init__(make_replay(hyper.buffer_size, False, seed=seed),
+                         hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
+        self.hyper, self.device = hyper, device
+        self.actor = DeterministicActor(obs_dim, low, high, hidden).to(device)
+        self.actor_target = copy.deepcopy(self.actor)
+        self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
+        self.qf_target = copy.deepcopy(self.qf)
+        self.actor_params = list(self.actor.body.parameters())
+        self.q_params = list(self.qf.parameters())
+        self.targets = [*self.actor_target.body.parameters(), *self.qf_target.parameters()]
+        self.sources = [*self.actor_params, *self.q_params]
+        self.q_optimizer = adam(self.q_params, hyper.learning_rate)
+        self.actor_optimizer = adam(self.actor_params, hyper.learning_rate)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        """The target smoothing noise's own generator (on the learner's device)."""
+
+    def schedule(self, progress: float) -> dict[str, float]:
+        """``random_actions`` of this update's batches; exploring stops once ready."""
+        return stop_exploring(self.actor, self.ready)
+
+    def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
+        """``len(ends)`` gradient steps on one sample of the replay (:meth:`_step`)."""
+        mb = minibatches(self.replay, len(ends), self.hyper.batch_size, FIELDS, self.device)
+        for i in range(len(ends)):
+            self._step({k: v[i] for k, v in mb.items()}, means)
+
+    def gradient_step(self, sample: dict[str, Any]) -> dict[str, float]:
+        """One gradient step on ``sample`` (see :meth:`_step`); its losses and values."""
+        means = TensorMeans()
+        self._step(as_tensors(sample, FIELDS, self.device), means)
+        return {f"losses/{k}": v for k, v in means.means().items()}
+
+    def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
+        """One critic step towards the smoothed target; every ``policy_frequency`` steps an
+        actor step on the first critic, then every target moves by Polyak averaging."""
+        h, actor = self.hyper, self.actor
+        obs, act, nxt = b["obs"], b["actions"], b["next_obs"]
+        with torch.no_grad():
+            noise = torch.randn(act.shape, generator=self.generator, device=act.device)
+            noise = noise.mul_(h.policy_noise).clamp_(-h.noise_clip, h.noise_clip) * actor.scale
+            next_act = torch.maximum(torch.minimum(self.actor_target(nxt) + noise, actor.high),
+                                     actor.low)
+            target = b["rewards"] + b["discounts"] * self.qf_target.both(nxt, next_act).amin(0)
+        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
+        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
+        self.q_optimizer.zero_grad()
+        qf_loss.backward()
+        self.q_optimizer.step()
+        means.add("qf_loss", qf_loss)
+        means.add("qf1_values", q[0])
+        self.gradient_steps += 1
+        if self.gradient_steps % h.policy_frequency == 0:
+            actor_loss = -self.qf.both(obs, actor(obs))[0].mean()
+            self.actor_optimizer.zero_grad()
+            # the actor's gradients only: the critics' would be cleared unused
+            torch.autograd.backward(actor_loss, inputs=self.actor_params)
+            self.actor_optimizer.step()
+            polyak_(self.targets, self.sources, h.tau)
+            means.add("actor_loss", actor_loss)
+
+    def weights(self) -> dict[str, Tensor]:
+        """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
+        return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
+
+    def model_state(self) -> dict[str, Any]:
+        """Networks, their targets, optimisers and the noise generator's state (CPU)."""
+        def cpu(module: nn.Module) -> dict[str, Tensor]:
+            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+        return {"model": self.weights(), "actor_target": cpu(self.actor_target),
+                "qf": cpu(self.qf), "qf_target": cpu(self.qf_target),
+                "q_optimizer": optimizer_state(self.q_optimizer),
+                "actor_optimizer": optimizer_state(self.actor_optimizer),
+                "generator": self.generator.get_state()}
+
+    def load_model_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`model_state` gave."""
+        self.actor.load_state_dict(state["model"])
+        self.actor_target.load_state_dict(state["actor_target"])
+        self.qf.load_state_dict(state["qf"])
+        self.qf_target.load_state_dict(state["qf_target"])
+        self.q_optimizer.load_state_dict(state["q_optimizer"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.generator.set_state(state["generator"])
+
+
+def td3_policy(env_id: str, hidden: tuple[int, ...], weights: dict[str, Tensor],
+               deterministic: bool = True) -> nn.Module:
+    """The trained actor of ``weights`` alone (``Algorithm.make_policy``); TD3's policy is
+    deterministic either way (its exploration noise belongs to training).
+
+    Examples
+    --------
+    >>> w = DeterministicActor(3, np.array([-2.0]), np.array([2.0]), (8,)).state_dict()
+    >>> td3_policy("Pendulum-v1", (8,), w)(torch.zeros(2, 3)).shape
+    torch.Size([2, 1])
+    """
+    obs_dim, low, high = box_dims(env_id, "TD3")
+    actor = DeterministicActor(obs_dim, low, high, hidden)
+    actor.load_state_dict(weights)
+    return actor.eval()
