@@ -157,3 +157,44 @@ def test_hangs_past_max_recoveries_stop_the_run_in_one_line(tmp_path: Path) -> N
     assert [p.name for p in list_checkpoints(out / "checkpoints")][-1] == f"ckpt-{done:08d}.pt"
     assert "daskrl/cli.py" not in text, text[-3000:]  # no traceback of the driver's own
     # (Dask's logs may show one of a worker-to-worker transfer the stopped worker broke)
+
+
+def _iterations(count: int, seconds: float, report: bool) -> int:
+    """A fused task's stand-in: ``count`` iterations of ``seconds`` each, reporting progress
+    after each but the last (as ``chained`` does) when ``report``."""
+    import time
+
+    from daskrl.core.worker_state import report_progress
+
+    for j in range(count):
+        time.sleep(seconds)
+        if report and j < count - 1:
+            report_progress()
+    return count
+
+
+def test_a_task_of_many_iterations_is_timed_from_its_last_progress(tmp_path: Path) -> None:
+    """A task fusing iterations whose cost grew (learning began once a replay filled) is not
+    a hang while each iteration finishes within the bound; one silent for as long is."""
+    import time
+
+    from distributed import Client, LocalCluster
+
+    from daskrl.runtime.dask_backend import DaskBackend
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        backend = DaskBackend(client)
+        fused = client.submit(_iterations, 6, 0.75, True, key="learner-0-it0-aaaa")
+        silent = client.submit(_iterations, 1, 4.5, False, key="learner-0-it0-bbbb")
+        time.sleep(3.5)
+        running = {k: s for k, (_, s) in backend.activity().running.items()}
+        # each iteration 0.75 s: the fused task's clock restarts at each of its reports
+        assert running["learner-0-it0-aaaa"] < 2.0, running
+        assert running["learner-0-it0-bbbb"] > 2.5, running
+        hangs = find_hangs(backend.activity(), ["aaaa", "bbbb"], [], timeout=2.5)
+        assert [h.key for h in hangs] == ["learner-0-it0-bbbb"], hangs
+        assert fused.result() == 6 and silent.result() == 1
+        clock = client.run_on_scheduler(
+            lambda dask_scheduler: dict(dask_scheduler.plugins["daskrl-task-clock"].progressed))
+        assert clock == {}  # a finished task's reports are let go of

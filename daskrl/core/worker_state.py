@@ -242,6 +242,30 @@ def worker_name() -> str:
     return "local" if worker is None else str(worker.name)
 
 
+PROGRESS_TOPIC = "daskrl-progress"
+"""The scheduler event a task sends each time it finishes a part of its work."""
+
+
+def report_progress() -> None:
+    """Tell the scheduler that the running task finished a part of its work (one iteration
+    of several fused in one task): the watchdog bounds the time since a task's last
+    progress, not since its start, so a task of many iterations whose cost grew (learning
+    started after a replay filled) is not taken for a hung one. Outside a worker: nothing.
+
+    Examples
+    --------
+    >>> report_progress()  # not in a task on a worker
+    """
+    worker = _current_worker()
+    if worker is None:
+        return
+    try:
+        key = worker.get_current_task()
+    except KeyError:  # a thread of the worker that runs no task
+        return
+    worker.log_event(PROGRESS_TOPIC, str(key))
+
+
 def resident(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
     """Return the object stored under ``key`` on this worker, building it if absent.
 

@@ -18,6 +18,7 @@ from daskrl.core.fragment import Fragment
 from daskrl.core.placement import Placement
 from daskrl.core.resources import Resources
 from daskrl.core.roles import TaskContext
+from daskrl.core.worker_state import report_progress
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,8 @@ def chained(ctx: TaskContext, learner_in: LearnerOutput, count: int,
     for j in range(count):
         out = one(dataclasses.replace(ctx, iteration=ctx.iteration + j), out)
         history.append(out.metrics)
+        if j < count - 1:
+            report_progress()  # the watchdog bounds each iteration, not the whole task
     return dataclasses.replace(out, history=history[:-1])
 
 

@@ -119,7 +119,8 @@ class Activity:
     """
 
     running: dict[str, tuple[str, float]] = field(default_factory=dict)
-    """Task key -> (worker name, seconds it has been executing)."""
+    """Task key -> (worker name, seconds it has been executing, or since it last reported
+    progress when it runs several iterations)."""
     silent: dict[str, float] = field(default_factory=dict)
     """Worker name -> seconds since the scheduler last heard from it."""
     durations: dict[str, list[float]] = field(default_factory=dict)

@@ -17,14 +17,18 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from daskrl.cluster.local import worker_id
 from daskrl.compat import graph_annotations
 from daskrl.core.keys import role_of
+from daskrl.core.worker_state import PROGRESS_TOPIC
 from daskrl.runtime.engine import Activity
 
 
 class TaskClock(SchedulerPlugin):
-    """Keeps the compute time of the last tasks of each role, for the watchdog's bound.
+    """Keeps the compute time of the last tasks of each role, for the watchdog's bound,
+    and when each running task last reported progress.
 
     The scheduler calls :meth:`transition` for every task; a finished one carries its
-    ``startstops`` (the same records as Dask's task stream).
+    ``startstops`` (the same records as Dask's task stream). A task that runs several
+    iterations sends an event after each (:func:`~daskrl.core.worker_state.report_progress`),
+    which :meth:`log_event` hears.
     """
 
     name = "daskrl-task-clock"
@@ -33,9 +37,18 @@ class TaskClock(SchedulerPlugin):
 
     def __init__(self) -> None:
         self.recent: dict[str, deque[float]] = {}
+        self.progressed: dict[str, float] = {}
+        """Running task key -> when it last reported progress (``time.time()``)."""
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        """Note a running task's progress report."""
+        if topic == PROGRESS_TOPIC:
+            self.progressed[str(msg)] = time.time()
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """Record a finished task's compute time under its role."""
+        if start == "processing":
+            self.progressed.pop(str(key), None)
         if start != "processing" or finish != "memory":
             return
         for ss in kwargs.get("startstops") or ():
@@ -50,13 +63,18 @@ def scheduler_activity(dask_scheduler: Any) -> Activity:
     now = time.time()
     running: dict[str, tuple[str, float]] = {}
     silent: dict[str, float] = {}
+    clock = dask_scheduler.plugins.get(TaskClock.name)
+    progressed = clock.progressed if clock else {}
     for addr, ws in dask_scheduler.workers.items():
         quiet = max(0.0, now - ws.last_seen)
         name = worker_id(ws.name, addr)
         silent[name] = quiet
         for ts, seconds in ws.executing.items():
-            running[str(ts.key)] = (name, seconds + quiet)
-    clock = dask_scheduler.plugins.get(TaskClock.name)
+            key = str(ts.key)
+            seconds += quiet
+            if key in progressed:  # since its last progress report, not since its start
+                seconds = min(seconds, now - progressed[key])
+            running[key] = (name, seconds)
     durations = {role: list(d) for role, d in clock.recent.items()} if clock else {}
     return Activity(running, silent, durations)
 

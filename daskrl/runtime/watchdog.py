@@ -6,7 +6,8 @@ inside a live worker (an env step that blocks: the worker's event loop still ans
 it removes a frozen worker (SIGSTOP, a swapped-out node) only after
 ``distributed.scheduler.worker-ttl``, five minutes by default. The run loop asks the
 :class:`Watchdog` every second or so while it waits; a task of the run executing longer
-than its role's bound, or a pinned worker silent that long, is a :class:`Hang`: it is
+than its role's bound (a task fusing several iterations: since it last finished one), or a
+pinned worker silent that long, is a :class:`Hang`: it is
 reported with the stack the worker shows for the task, the worker is restarted (its nanny
 starts it again; without one it is removed), and the run loop places the fragments again
 as it does for a lost worker.
