@@ -5,8 +5,10 @@ always sees whole environments. Each team's loss is :func:`daskrl.algos.losses.p
 the teams' losses are summed and differentiated together, and each team's actor and critic
 gradients are clipped on their own (``clip_grad_norm_``) before the Adam step.
 
-The learner follows :class:`daskrl.core.algorithm.GradientLearner`: the value normalisers' batch
-statistics and the team-return sums are its :meth:`MAPPOLearner.statistics`, which
+The update protocol (schedules, autograd gradients, clipped steps, the update loop) is the
+PPO learner's, :class:`daskrl.algos.gradient_update.GradientUpdate`; what is MAPPO's own is
+the plan of whole-env minibatches, the team losses and their metrics. The value normalisers'
+batch statistics and the team-return sums are its :meth:`MAPPOLearner.statistics`, which
 data-parallel replicas average before the plan, apart from the gradients.
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import ppo_loss
 from daskrl.algos.offpolicy import optimizer_state
 from daskrl.algos.ppo import explained_variance
@@ -119,7 +122,7 @@ def team_metrics(stats: list[dict[str, Any]], names: tuple[str, ...]) -> dict[st
     return out
 
 
-class MAPPOLearner:
+class MAPPOLearner(GradientUpdate):
     """Team actors, critics and value normalisers with one Adam optimiser (role ``learner``).
 
     Parameters
@@ -171,14 +174,6 @@ class MAPPOLearner:
     def update_plan(self) -> UpdatePlan:
         """``update_epochs * num_minibatches`` steps, after merging :meth:`statistics`."""
         return UpdatePlan(steps=self.hp.update_epochs * self.hp.num_minibatches, statistics=True)
-
-    def schedule(self, progress: float) -> dict[str, float]:
-        """Set the learning rate for ``progress`` (annealed when ``anneal_lr``); return it."""
-        hp = self.hp
-        lr = hp.learning_rate * (1.0 - progress) if hp.anneal_lr else hp.learning_rate
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return {"charts/learning_rate": lr}
 
     def statistics(self, batches: list[dict[str, Any]]) -> Tensor:
         """``[value-target mean and mean square of each trained team, then (return sum,
@@ -235,15 +230,25 @@ class MAPPOLearner:
     def compute_gradients(self, minibatch: dict[str, Any]
                           ) -> tuple[list[Tensor], dict[str, float]]:
         """Autograd gradients of the sum of the trained teams' PPO losses, and each team's
-        loss parts (``losses/<part>/<team>``)."""
+        loss parts (``losses/<part>/<team>``); its CPU time counted in ``update_cpu_s``."""
         cpu0 = time.thread_time()
-        loss, parts = self._losses(minibatch["obs"], minibatch["actions"], minibatch["teams"])
-        grads = torch.autograd.grad(loss, self.params)
-        values = parts.tolist()
+        out = super().compute_gradients(minibatch)
         self._cpu += time.thread_time() - cpu0
-        names = self.layout.names
-        return list(grads), {f"losses/{part}/{names[t]}": values[i][j]
-                             for i, t in enumerate(self.teams) for j, part in enumerate(PARTS)}
+        return out
+
+    def step_loss(self, minibatch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """:meth:`team_losses` of the minibatch (compiled when ``hp.compile``)."""
+        return self._losses(minibatch["obs"], minibatch["actions"], minibatch["teams"])
+
+    def step_metrics(self, parts: Tensor) -> dict[str, float]:
+        """Each trained team's :data:`PARTS`, as ``losses/<part>/<team>``."""
+        values, names = parts.tolist(), self.layout.names
+        return {f"losses/{part}/{names[t]}": values[i][j]
+                for i, t in enumerate(self.teams) for j, part in enumerate(PARTS)}
+
+    def clip_groups(self) -> list[list[Tensor]]:
+        """Each team's actor and each team's critic, clipped on their own."""
+        return self.groups
 
     def team_losses(self, obs: Tensor, actions: Tensor, teams: dict[int, dict[str, Tensor]]
                     ) -> tuple[Tensor, Tensor]:
@@ -266,14 +271,8 @@ class MAPPOLearner:
 
     def apply_gradients(self, grads: list[Tensor]) -> None:
         """Clip each team's actor and critic gradients on their own, then one Adam step."""
-        if len(grads) != len(self.params):
-            raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
         cpu0 = time.thread_time()
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g.to(p.device)
-        for group in self.groups:
-            nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        super().apply_gradients(grads)
         self._cpu += time.thread_time() - cpu0
 
     def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
@@ -302,15 +301,6 @@ class MAPPOLearner:
                        agent_steps_per_s=metrics["agent_steps"] / max(rollout_s + update_s, 1e-9))
         del self._update
         return metrics
-
-    def update(self, batches: list[dict[str, Any]], progress: float) -> dict[str, float]:
-        """One MAPPO update on the batches; returns losses, team returns and speeds."""
-        steps = []
-        for mb in self.minibatches(batches, progress):
-            grads, metrics = self.compute_gradients(mb)
-            self.apply_gradients(grads)
-            steps.append(metrics)
-        return self.finish_update(steps)
 
     @torch.no_grad()
     def _explained_variance(self, data: dict[str, Tensor]) -> dict[str, float]:

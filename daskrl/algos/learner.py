@@ -1,11 +1,9 @@
 """The actor-critic learner: a network differentiated by autograd, stepped by ``torch.optim``.
 
 An update is a plan of minibatches (:meth:`ActorCriticLearner.minibatches`) and, for each,
-:meth:`~ActorCriticLearner.compute_gradients` (autograd on the loss of
-:mod:`daskrl.algos.losses`) then :meth:`~ActorCriticLearner.apply_gradients`
-(``clip_grad_norm_`` and an Adam step). :meth:`~ActorCriticLearner.update` runs them in
-turn; ``data-parallel`` runs the same plan on every replica and averages the gradients
-between compute and apply.
+the loss of :mod:`daskrl.algos.losses` differentiated by autograd, clipped and applied by an
+Adam step: the protocol of :class:`~daskrl.algos.gradient_update.GradientUpdate`, which
+MAPPO's learner shares.
 
 A network with running statistics (``obs_rms``/``ret_rms``, :mod:`daskrl.algos.normalize`)
 is updated on the statistics the actors used; :meth:`~ActorCriticLearner.finish_update` then
@@ -24,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from daskrl.algos.categorical import DiscreteActorCritic
+from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import PPO_PARTS
 from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
 from daskrl.algos.offpolicy import optimizer_state
@@ -94,7 +93,7 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn)
 
 
-class ActorCriticLearner:
+class ActorCriticLearner(GradientUpdate):
     """Actor-critic network and ``torch.optim.Adam`` updated by PPO.
 
     Parameters
@@ -172,11 +171,6 @@ class ActorCriticLearner:
         """Scalar loss and its parts (stacked in :attr:`parts` order) on one minibatch."""
         return _loss(self.net, mb, self.hp)
 
-    def learning_rate(self, progress: float) -> float:
-        """The learning rate at ``progress`` in [0, 1] of the run."""
-        hp = self.hp
-        return hp.learning_rate * (1.0 - progress) if hp.anneal_lr else hp.learning_rate
-
     def epochs_and_minibatches(self) -> tuple[int, int]:
         """Passes over a batch and minibatches per pass."""
         return self.hp.update_epochs, self.hp.num_minibatches
@@ -196,13 +190,6 @@ class ActorCriticLearner:
                              "after different epochs; unset target_kl")
         epochs, num_mb = self.epochs_and_minibatches()
         return UpdatePlan(steps=epochs * num_mb, statistics=bool(self.running))
-
-    def schedule(self, progress: float) -> dict[str, float]:
-        """Set the optimiser's schedules (learning rate) for ``progress``; return them."""
-        lr = self.learning_rate(progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return {"charts/learning_rate": lr}
 
     def statistics(self, batches: list[Batch]) -> Tensor | None:
         """The batches' observation/return moments as float64 sums around the current running
@@ -242,20 +229,18 @@ class ActorCriticLearner:
         epochs, num_mb = self.epochs_and_minibatches()
         return shuffled_minibatches(self._data, epochs, num_mb, self.generator)
 
-    def compute_gradients(self, minibatch: Minibatch) -> tuple[list[Tensor], dict[str, float]]:
-        """The loss gradient of every parameter (autograd), and the loss parts."""
-        loss, parts = self.loss(minibatch)
-        grads = torch.autograd.grad(loss, self.params)
-        return list(grads), dict(zip(self.parts, parts.tolist(), strict=True))
+    def step_loss(self, minibatch: Minibatch) -> tuple[Tensor, Tensor]:
+        """The loss of one minibatch (compiled when ``compile``) and its parts."""
+        return self.loss(minibatch)
+
+    def step_metrics(self, parts: Tensor) -> dict[str, float]:
+        """The loss parts, named by :attr:`parts`."""
+        return dict(zip(self.parts, parts.tolist(), strict=True))
 
     def apply_gradients(self, grads: list[Tensor]) -> None:
-        """Clip ``grads`` to ``max_grad_norm`` (``clip_grad_norm_``) and take an Adam step."""
-        if len(grads) != len(self.params):
-            raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g.to(p.device)
-        torch.nn.utils.clip_grad_norm_(self.params, self.hp.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        """Clip ``grads`` to ``max_grad_norm`` and take an Adam step (the cached weights are
+        stale after it)."""
+        super().apply_gradients(grads)
         self._weights = None
 
     def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
@@ -272,21 +257,13 @@ class ActorCriticLearner:
         self._pending = {}
         return out
 
-    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
-        """One update: every minibatch of the plan computed and applied in turn (the epochs
-        stop early when ``target_kl`` is set and exceeded)."""
-        plan = self.minibatches(batches, progress)
-        per_epoch = max(1, len(plan) // max(1, self.epochs_and_minibatches()[0]))
+    def stop_early(self, step: int, steps: int, metrics: dict[str, float]) -> bool:
+        """With ``target_kl`` set: stop at the end of an epoch whose last step's
+        approximate KL exceeds it."""
         target_kl = self.hp.target_kl
-        done: list[dict[str, float]] = []
-        for i, mb in enumerate(plan):
-            grads, metrics = self.compute_gradients(mb)
-            self.apply_gradients(grads)
-            done.append(metrics)
-            if (target_kl is not None and (i + 1) % per_epoch == 0
-                    and metrics["losses/approx_kl"] > target_kl):
-                break
-        return self.finish_update(done)
+        per_epoch = max(1, steps // max(1, self.epochs_and_minibatches()[0]))
+        return (target_kl is not None and (step + 1) % per_epoch == 0
+                and metrics["losses/approx_kl"] > target_kl)
 
     # ------------------------------------------------------------- state
     def weights(self) -> dict[str, Tensor]:

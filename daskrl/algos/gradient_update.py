@@ -1,0 +1,130 @@
+"""The update protocol every learner of the PPO family shares (PPO, A2C, V-trace, MAPPO).
+
+An update is a plan of minibatches; each minibatch's loss is differentiated by autograd
+(:meth:`GradientUpdate.compute_gradients`), its gradients clipped by ``clip_grad_norm_`` and
+applied by a ``torch.optim`` step (:meth:`GradientUpdate.apply_gradients`).
+:meth:`GradientUpdate.update` runs the plan in turn; ``data-parallel`` runs the same plan on
+every replica and averages the gradients between compute and apply
+(:class:`~daskrl.core.contracts.GradientLearner`).
+
+A learner says what it trains on and how: :meth:`~GradientUpdate.minibatches` (the plan,
+its statistics folded in), :meth:`~GradientUpdate.step_loss` (the scalar loss and its parts
+of one minibatch), :meth:`~GradientUpdate.step_metrics` (the parts named),
+:meth:`~GradientUpdate.finish_update`, and optionally :meth:`~GradientUpdate.clip_groups`
+(parameters clipped together) and :meth:`~GradientUpdate.stop_early`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class GradientUpdate(ABC):
+    """Schedules, autograd gradients, clipped optimiser steps and the update loop.
+
+    A subclass holds ``params`` (the trained parameters, in the order gradients come),
+    ``optimizer`` (over them), ``hp`` (with ``learning_rate``, ``anneal_lr`` and
+    ``max_grad_norm``).
+
+    Examples
+    --------
+    One linear layer fitted to a target by the protocol:
+
+    >>> class Fit(GradientUpdate):
+    ...     def __init__(self):
+    ...         from daskrl.algos.ppo import PPOHyper
+    ...         torch.manual_seed(0)
+    ...         self.hp, self.net = PPOHyper(learning_rate=0.1), torch.nn.Linear(1, 1)
+    ...         self.params = list(self.net.parameters())
+    ...         self.optimizer = torch.optim.SGD(self.params, lr=0.1)
+    ...     def minibatches(self, batches, progress, statistics=None):
+    ...         self.schedule(progress)
+    ...         return [torch.ones(4, 1)] * 50
+    ...     def step_loss(self, x):
+    ...         loss = ((self.net(x) - 3.0) ** 2).mean()
+    ...         return loss, loss.detach().reshape(1)
+    ...     def step_metrics(self, parts):
+    ...         return {"loss": float(parts[0])}
+    ...     def finish_update(self, steps):
+    ...         return steps[-1]
+    >>> round(Fit().update([], 0.0)["loss"], 4)
+    0.0
+    """
+
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer
+    hp: Any
+
+    # ----------------------------------------------------------- what a learner says
+    @abstractmethod
+    def minibatches(self, batches: list[Any], progress: float,
+                    statistics: Tensor | None = None) -> list[Any]:
+        """Start an update: set the schedules, fold in ``statistics``, return the plan."""
+
+    @abstractmethod
+    def step_loss(self, minibatch: Any) -> tuple[Tensor, Tensor]:
+        """The scalar loss of ``minibatch`` and its parts (detached)."""
+
+    @abstractmethod
+    def step_metrics(self, parts: Tensor) -> dict[str, float]:
+        """The parts of :meth:`step_loss` as named metrics."""
+
+    @abstractmethod
+    def finish_update(self, step_metrics: list[dict[str, float]]) -> dict[str, float]:
+        """End the update begun by :meth:`minibatches`; its metrics from each step's."""
+
+    def clip_groups(self) -> list[list[Tensor]]:
+        """Parameters whose gradient norm is clipped together (default: all of them)."""
+        return [self.params]
+
+    def stop_early(self, step: int, steps: int, metrics: dict[str, float]) -> bool:
+        """Whether the update stops after ``step`` (0-based) of ``steps`` (default: never)."""
+        return False
+
+    # ----------------------------------------------------------- what they share
+    def learning_rate(self, progress: float) -> float:
+        """The learning rate at ``progress`` in [0, 1] of the run (annealed linearly to 0
+        when ``hp.anneal_lr``)."""
+        hp = self.hp
+        return hp.learning_rate * (1.0 - progress) if hp.anneal_lr else hp.learning_rate
+
+    def schedule(self, progress: float) -> dict[str, float]:
+        """Set the optimiser's learning rate for ``progress``; return it."""
+        lr = self.learning_rate(progress)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return {"charts/learning_rate": lr}
+
+    def compute_gradients(self, minibatch: Any) -> tuple[list[Tensor], dict[str, float]]:
+        """The loss gradient of every parameter (autograd), and the loss parts."""
+        loss, parts = self.step_loss(minibatch)
+        grads = torch.autograd.grad(loss, self.params)
+        return list(grads), self.step_metrics(parts)
+
+    def apply_gradients(self, grads: list[Tensor]) -> None:
+        """Clip ``grads`` (each of :meth:`clip_groups` to ``hp.max_grad_norm``) and take one
+        optimiser step."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g.to(p.device)
+        for group in self.clip_groups():
+            torch.nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
+        self.optimizer.step()
+
+    def update(self, batches: list[Any], progress: float) -> dict[str, float]:
+        """One update: every minibatch of the plan computed and applied in turn, until
+        :meth:`stop_early` says stop."""
+        plan = self.minibatches(batches, progress)
+        done: list[dict[str, float]] = []
+        for i, mb in enumerate(plan):
+            grads, metrics = self.compute_gradients(mb)
+            self.apply_gradients(grads)
+            done.append(metrics)
+            if self.stop_early(i, len(plan), metrics):
+                break
+        return self.finish_update(done)
