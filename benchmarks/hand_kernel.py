@@ -6,8 +6,7 @@ general: numpy inference with the actor and critic stacked into one matmul per l
 gradients derived by hand in numpy (the maths of :func:`daskrl.algos.losses.ppo_loss` and
 its backward pass), and Adam over one flat array. ``ppo_cartpole.py --systems hand`` runs it
 in the same plain loop as the ``lean`` system, so the gap between the two is what the general
-path costs. ``test_hand_kernel_matches_autograd`` (below; ``tests/test_hand_kernel.py``
-runs it) checks its gradients against autograd.
+path costs. ``tests/test_hand_kernel.py`` checks its gradients against autograd's.
 """
 
 from __future__ import annotations
@@ -216,27 +215,3 @@ def _max_grads(a: np.ndarray, b: np.ndarray, scale: np.float32
                ) -> tuple[np.ndarray, np.ndarray]:
     share = np.where(a == b, np.float32(0.5), np.float32(1.0)) * scale
     return share * (a >= b), share * (b >= a)
-
-
-def test_hand_kernel_matches_autograd() -> None:
-    """The hand-written gradients equal autograd's on the same minibatch."""
-    from daskrl.algos.ppo import ppo_loss
-
-    for clip_vloss in (True, False):
-        hp = PPOHyper(ent_coef=0.05, vf_coef=0.7, clip_vloss=clip_vloss)
-        learner = HandLearner(4, 3, 0, (16, 16), hp)
-        rng = np.random.default_rng(0)
-        n = 64
-        batch = {"obs": rng.normal(size=(n, 4)).astype(np.float32),
-                 "actions": rng.integers(0, 3, n), "logp": np.full(n, -1.0, np.float32),
-                 "values": rng.normal(size=n).astype(np.float32),
-                 "advantages": rng.normal(size=n).astype(np.float32),
-                 "returns": rng.normal(size=n).astype(np.float32), "stats": {}}
-        mb = learner.minibatches([batch], 0.0)[0]
-        loss, _ = ppo_loss(learner.net, mb, hp)
-        expected = torch.autograd.grad(loss, learner.params)
-        hand_gradients(learner.actor_views, learner.critic_views,
-                       {k: v.numpy() for k, v in mb.items()}, hp)
-        grads = [g for layer in learner.actor_views + learner.critic_views for g in layer[2:]]
-        for g, e in zip(grads, expected, strict=True):
-            np.testing.assert_allclose(g, e.numpy(), rtol=1e-4, atol=1e-6)

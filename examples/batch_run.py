@@ -29,6 +29,9 @@ if __name__ == "__main__":
     parser.add_argument("--queue", default=None, help="Slurm partition or PBS queue (-q)")
     parser.add_argument("--walltime", default=None, help="HH:MM:SS")
     parser.add_argument("--print-scripts", action="store_true", help="show the job scripts")
+    parser.add_argument("--steps", type=int, default=200_000, help="env steps (default 200000)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the run's folder (default: runs/example-KIND)")
     args = parser.parse_args()
     spec = load_spec(args.config, {"kind": args.kind, "queue": args.queue,
                                    "walltime": args.walltime})
@@ -41,11 +44,11 @@ if __name__ == "__main__":
         for pool, script in job_scripts(spec).items():
             print(f"--- {pool} job ---\n{script}")
         raise SystemExit(0)
-    out = Path(f"runs/example-{args.kind}")
+    out = args.out or Path(f"runs/example-{args.kind}")
     cluster, client = start_pools(spec, log_directory=out / "jobs")
     try:
         print("dashboard:", client.dashboard_link, "jobs:", cluster.job_ids())
-        summary = train(client, algo, distribution, RunSettings(out=out, steps=200_000))
+        summary = train(client, algo, distribution, RunSettings(out=out, steps=args.steps))
     finally:
         client.close()
         cluster.close()  # cancels every job
