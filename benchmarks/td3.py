@@ -11,7 +11,7 @@ in ``td3.md`` (one marked section per env).
 
     python benchmarks/td3.py --env Pendulum-v1 --steps 20000 --seeds 3
     python benchmarks/td3.py --env Hopper-v5 --steps 50000 --seeds 2
-    python benchmarks/td3.py --env Pendulum-v1 --steps 12000 --seeds 1    # a quick look
+    python benchmarks/td3.py --quick     # smoke: 1,500 steps, learning from 500; writes nothing
 """
 
 from __future__ import annotations
@@ -48,18 +48,19 @@ def settings(env: str) -> dict[str, Any]:
     return {"gamma": 0.99, "buffer_size": 1_000_000}
 
 
-def start(name: str, env: str, steps: int, seed: int) -> tuple[subprocess.Popen, Path]:
+def start(name: str, env: str, steps: int, seed: int, starts: int) -> tuple[subprocess.Popen, Path]:
     """Start one run (``daskrl train graphs/td3.py`` or the SB3 child); returns the process
     and the daskrl run's folder."""
     out = Path(tempfile.mkdtemp(prefix="td3-bench-")) / "run"
     if name == "sb3":
         cmd = [sys.executable, __file__, "--child", "--env", env, "--seed", str(seed),
-               "--steps", str(steps)]
+               "--steps", str(steps), "--learning-starts", str(starts)]
     else:
         s = settings(env)
         cmd = [sys.executable, "-m", "daskrl", "train", str(ROOT / "graphs/td3.py"),
                "--env", env, "--gamma", str(s["gamma"]), "--buffer-size", str(s["buffer_size"]),
-               "--steps", str(steps), "--seed", str(seed), "--out", str(out), "--no-progress"]
+               "--learning-starts", str(starts), "--steps", str(steps), "--seed", str(seed),
+               "--out", str(out), "--no-progress"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT), out
 
@@ -77,7 +78,7 @@ def finish(name: str, proc: subprocess.Popen, out: Path) -> dict[str, Any]:
             "recoveries": summary.get("recoveries", 0)}
 
 
-def run_sb3(env: str, steps: int, seed: int) -> dict[str, Any]:
+def run_sb3(env: str, steps: int, seed: int, starts: int) -> dict[str, Any]:
     """One SB3 TD3 run in this process (one torch thread, like a daskrl worker)."""
     import gymnasium as gym
     import numpy as np
@@ -89,7 +90,7 @@ def run_sb3(env: str, steps: int, seed: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     act_dim = gym.make(env).action_space.shape[0]
     noise = NormalActionNoise(np.zeros(act_dim), 0.1 * np.ones(act_dim))
-    model = TD3("MlpPolicy", env, learning_rate=1e-3, learning_starts=10_000,
+    model = TD3("MlpPolicy", env, learning_rate=1e-3, learning_starts=starts,
                 action_noise=noise, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
                 device="cpu", **settings(env))
     t0 = time.perf_counter()
@@ -136,25 +137,32 @@ def main() -> None:
     parser.add_argument("--env", default="Pendulum-v1")
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--learning-starts", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 1,500 steps learning from 500, one seed; writes nothing")
     parser.add_argument("--json", type=Path, help="default: results/td3_<env>.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_sb3(args.env, args.steps, args.seed)))
+        print(json.dumps(run_sb3(args.env, args.steps, args.seed, args.learning_starts)))
         return
+    if args.quick:
+        args.steps, args.seeds, args.learning_starts = 1500, 1, 500
     args.json = (args.json or ROOT / "benchmarks" / "results" / f"td3_{args.env}.json").resolve()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
     for seed in range(1, args.seeds + 1):
         load = load_average()["load_1m"]
-        started = {name: start(name, args.env, args.steps, seed) for name in SYSTEMS}
+        started = {name: start(name, args.env, args.steps, seed, args.learning_starts)
+                   for name in SYSTEMS}
         for name in SYSTEMS:
             run = finish(name, *started[name])
             run.update(seed=seed, load_1m_before=load, load_1m_after=load_average()["load_1m"])
             runs[name].append(run)
             print(f"{args.env} seed {seed}: {name} {run['env_steps_per_s']:.0f} steps/s, eval "
                   f"{run['eval_return_mean']:.0f}, load {load:.1f}", flush=True)
-        report(args, runs)
+        if not args.quick:
+            report(args, runs)
 
 
 if __name__ == "__main__":
