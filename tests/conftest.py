@@ -19,6 +19,20 @@ PPO_GRAPH = REPO / "graphs" / "ppo.py"
 
 
 @pytest.fixture(scope="module")
+def cluster_one_cpu() -> Iterator[Client]:
+    """A client of daskrl's own cluster with one worker of one CPU."""
+    from daskrl.cluster.local import local_cluster
+
+    cluster = local_cluster([{"CPU": 1}])
+    client = Client(cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
 def cluster_pair() -> Iterator[dict[int, Client]]:
     """Clients of a one-worker and a two-worker cluster (daskrl's own, one CPU per worker),
     keyed by their worker count: for runs that must agree whatever the workers."""

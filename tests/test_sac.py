@@ -5,16 +5,13 @@ refused in one line."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from distributed import Client
 
 from daskrl.algos.evaluation import evaluate_module
-from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
@@ -25,27 +22,17 @@ GRAPH = load_graph(str(REPO / "graphs" / "sac.py"))
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    cluster = local_cluster([{"CPU": 1}])
-    c = Client(cluster)
-    try:
-        yield c
-    finally:
-        c.close()
-        cluster.close()
-
 
 class _Uniform(torch.nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.rand(obs.shape[0], 1) * 4 - 2
 
 
-def test_sac_improves_on_pendulum(client, tmp_path):
+def test_sac_improves_on_pendulum(cluster_one_cpu, tmp_path):
     config = GRAPH.Config(hidden=64, num_envs=2, num_steps=100, eval_episodes=5,
                           batch_size=64)
     algo = GRAPH.build(config)
-    summary = train(client, algo, get_distribution("single"),
+    summary = train(cluster_one_cpu, algo, get_distribution("single"),
                     RunSettings(out=tmp_path, steps=4000, seed=1, progress=False,
                                 tensorboard=False))
     with (tmp_path / "metrics.csv").open() as fh:

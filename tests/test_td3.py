@@ -6,18 +6,15 @@ env is refused in one line."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from distributed import Client
 
 from daskrl.algos.evaluation import evaluate_module
 from daskrl.algos.td3 import TD3Actor, TD3Hyper, TD3Learner
-from daskrl.cluster.local import local_cluster
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.runtime.driver import RunSettings, train
@@ -144,27 +141,17 @@ def test_discrete_env_is_refused_in_one_line():
         GRAPH.build(GRAPH.Config(env="CartPole-v1"))
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Client]:
-    cluster = local_cluster([{"CPU": 1}])
-    c = Client(cluster)
-    try:
-        yield c
-    finally:
-        c.close()
-        cluster.close()
-
 
 class _Uniform(torch.nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.rand(obs.shape[0], 1) * 4 - 2
 
 
-def test_td3_improves_on_pendulum(client, tmp_path):
+def test_td3_improves_on_pendulum(cluster_one_cpu, tmp_path):
     config = GRAPH.Config(hidden=(64, 64), num_steps=200, learning_starts=1000,
                           eval_episodes=5, batch_size=64)
     algo = GRAPH.build(config)
-    summary = train(client, algo, get_distribution("single"),
+    summary = train(cluster_one_cpu, algo, get_distribution("single"),
                     RunSettings(out=tmp_path, steps=8000, seed=1, progress=False,
                                 tensorboard=False))
     torch.manual_seed(0)

@@ -1,5 +1,6 @@
-"""What SAC and TD3 share: Box action spaces, twin critics, and an actor that acts
-uniformly at random until its learner's weights say learning started.
+"""What SAC and TD3 share: Box action spaces, twin critics, an actor that acts uniformly at
+random until its learner's weights say learning started, and the learner's gradient steps on
+uniform replay samples (:class:`BoxLearner`).
 
 The actors' policy module carries an ``explore`` buffer (1 until the learner's replay holds
 ``learning_starts`` transitions) that travels with the weights, as DQN's epsilon does; the
@@ -18,8 +19,13 @@ from torch import Tensor, nn
 
 from daskrl.algos.ensemble import StackedMLP
 from daskrl.algos.env_runner import NO_COST, StepCost
+from daskrl.algos.offpolicy import TensorMeans, as_tensors, cpu_copy, minibatches
 from daskrl.algos.qnet import relu_mlp
+from daskrl.algos.replay_learner import ReplayLearner
 from daskrl.algos.transitions import TransitionCollector
+
+FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
+"""What a continuous-action learner trains on, from its replay."""
 
 Batch = dict[str, Any]
 
@@ -109,6 +115,44 @@ def stop_exploring(module: nn.Module, ready: bool) -> dict[str, float]:
     if ready:
         module.explore.fill_(0.0)
     return {"random_actions": random_actions}
+
+
+class BoxLearner(ReplayLearner):
+    """A continuous-action learner's shared part (SAC's, TD3's): an iteration's gradient
+    steps on one uniform sample of the replay, each by the subclass's :meth:`_step`; the
+    actors told to stop exploring once learning starts; ``actor``'s weights for them.
+
+    A subclass sets ``actor`` (the policy module, with an ``explore`` buffer), ``hyper``
+    (with ``batch_size``) and ``device``, and writes :meth:`_step`.
+    """
+
+    actor: nn.Module
+    hyper: Any
+    device: str
+
+    @abstractmethod
+    def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
+        """One gradient step on the minibatch ``b`` (tensors of :data:`FIELDS`)."""
+
+    def schedule(self, progress: float) -> dict[str, float]:
+        """``random_actions`` of this update's batches; exploring stops once ready."""
+        return stop_exploring(self.actor, self.ready)
+
+    def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
+        """``len(ends)`` gradient steps on one sample of the replay (:meth:`_step`)."""
+        mb = minibatches(self.replay, len(ends), self.hyper.batch_size, FIELDS, self.device)
+        for i in range(len(ends)):
+            self._step({k: v[i] for k, v in mb.items()}, means)
+
+    def gradient_step(self, sample: dict[str, Any]) -> dict[str, float]:
+        """One gradient step on ``sample`` (see :meth:`_step`); its losses and values."""
+        means = TensorMeans()
+        self._step(as_tensors(sample, FIELDS, self.device), means)
+        return {f"losses/{k}": v for k, v in means.means().items()}
+
+    def weights(self) -> dict[str, Tensor]:
+        """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
+        return cpu_copy(self.actor)
 
 
 class BoxActor(ABC):

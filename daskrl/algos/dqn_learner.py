@@ -26,6 +26,7 @@ from daskrl.algos.offpolicy import (
     TensorMeans,
     adam,
     as_tensors,
+    cpu_copy,
     minibatches,
     optimizer_state,
     polyak_,
@@ -244,13 +245,13 @@ class DQNLearner(ReplayLearner):
 
     def weights(self) -> dict[str, Tensor]:
         """A CPU copy of the Q-network (with its epsilon) for the actors."""
-        return {k: v.detach().cpu().clone() for k, v in self.net.state_dict().items()}
+        return cpu_copy(self.net)
 
     def model_state(self) -> dict[str, Any]:
         """Network, target and optimiser (CPU copies)."""
         return {
             "model": self.weights(),
-            "target": {k: v.detach().cpu().clone() for k, v in self.target.state_dict().items()},
+            "target": cpu_copy(self.target),
             "optimizer": optimizer_state(self.optimizer)}
 
     def load_model_state(self, state: dict[str, Any]) -> None:

@@ -52,6 +52,18 @@ def polyak_(target: Iterable[Tensor], source: Iterable[Tensor], tau: float) -> N
             torch._foreach_lerp_(targets, sources, tau)
 
 
+def cpu_copy(module: torch.nn.Module) -> dict[str, Tensor]:
+    """A CPU copy of ``module``'s state dict (for a learner's weights and state: the live
+    tensors change in place at the next step).
+
+    Examples
+    --------
+    >>> sorted(cpu_copy(torch.nn.Linear(2, 1)))
+    ['bias', 'weight']
+    """
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """A CPU copy of ``optimizer.state_dict()``, for a learner's state.
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,23 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.box_control import BoxActor, TwinQ, box_dims, stop_exploring
-from daskrl.algos.offpolicy import (
-    TensorMeans,
-    adam,
-    as_tensors,
-    minibatches,
-    optimizer_state,
-    polyak_,
-)
+from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
+from daskrl.algos.offpolicy import TensorMeans, adam, cpu_copy, optimizer_state, polyak_
 from daskrl.algos.replay_buffers import make_replay
-from daskrl.algos.replay_learner import ReplayLearner
 from daskrl.algos.squashed_gaussian import SquashedGaussian
 
 Batch = dict[str, Any]
-FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
 
-__all__ = ["FIELDS", "SACActor", "SACHyper", "SACLearner", "sac_policy"]
+__all__ = ["SACActor", "SACHyper", "SACLearner", "sac_policy"]
 
 
 class SACActor(BoxActor):
@@ -88,7 +78,7 @@ class SACHyper:
     save_replay: bool = True
 
 
-class SACLearner(ReplayLearner):
+class SACLearner(BoxLearner):
     """Role ``learner`` for SAC: actor, twin critics and their targets, entropy
     temperature, optimisers and the replay (fed and checkpointed by
     :class:`~daskrl.algos.replay_learner.ReplayLearner`).
@@ -125,23 +115,6 @@ class SACLearner(ReplayLearner):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         """The update's own noise (on the learner's device, so a GPU resume is exact too):
         torch's global generator is shared with every other task in the worker's process."""
-
-    def schedule(self, progress: float) -> dict[str, float]:
-        """``random_actions``: whether this update's batches acted uniformly; the actors
-        stop once the replay holds ``learning_starts`` transitions."""
-        return stop_exploring(self.actor, self.ready)
-
-    def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
-        """``len(ends)`` gradient steps on one sample of the replay (:meth:`_step`)."""
-        mb = minibatches(self.replay, len(ends), self.hyper.batch_size, FIELDS, self.device)
-        for i in range(len(ends)):
-            self._step({k: v[i] for k, v in mb.items()}, means)
-
-    def gradient_step(self, sample: Mapping[str, Any]) -> dict[str, float]:
-        """One gradient step on ``sample`` (see :meth:`_step`); its losses and values."""
-        means = TensorMeans()
-        self._step(as_tensors(sample, FIELDS, self.device), means)
-        return {f"losses/{k}": v for k, v in means.means().items()}
 
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step; every ``policy_frequency`` steps as many actor (and temperature)
@@ -182,17 +155,10 @@ class SACLearner(ReplayLearner):
         if self.gradient_steps % h.target_network_frequency == 0:
             polyak_(self.target_params, self.q_params, h.tau)
 
-    def weights(self) -> dict[str, Tensor]:
-        """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
-        return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
-
     def model_state(self) -> dict[str, Any]:
         """Networks, optimisers, temperature and the noise generator's state (CPU)."""
-        def cpu(module: nn.Module) -> dict[str, Tensor]:
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
         return {
-            "model": self.weights(), "qf": cpu(self.qf), "qf_target": cpu(self.qf_target),
+            "model": self.weights(), "qf": cpu_copy(self.qf), "qf_target": cpu_copy(self.qf_target),
             "log_alpha": self.log_alpha.detach().cpu().clone(),
             "q_optimizer": optimizer_state(self.q_optimizer),
             "actor_optimizer": optimizer_state(self.actor_optimizer),

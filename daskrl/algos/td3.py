@@ -20,22 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.box_control import BoxActor, TwinQ, box_dims, stop_exploring
+from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
 from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.layers import run_mlp
-from daskrl.algos.offpolicy import (
-    TensorMeans,
-    adam,
-    as_tensors,
-    minibatches,
-    optimizer_state,
-    polyak_,
-)
+from daskrl.algos.offpolicy import TensorMeans, adam, cpu_copy, optimizer_state, polyak_
 from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay_buffers import make_replay
-from daskrl.algos.replay_learner import ReplayLearner
-
-FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
 
 
 class DeterministicActor(nn.Module):
@@ -124,7 +114,7 @@ class TD3Hyper:
             raise ValueError(f"policy_frequency must be >= 1, got {self.policy_frequency}")
 
 
-class TD3Learner(ReplayLearner):
+class TD3Learner(BoxLearner):
     """Role ``learner`` for TD3: actor and twin critics, their targets, two optimisers and
     the replay.
 
@@ -157,22 +147,6 @@ class TD3Learner(ReplayLearner):
         self.generator = torch.Generator(device=device).manual_seed(seed)
         """The target smoothing noise's own generator (on the learner's device)."""
 
-    def schedule(self, progress: float) -> dict[str, float]:
-        """``random_actions`` of this update's batches; exploring stops once ready."""
-        return stop_exploring(self.actor, self.ready)
-
-    def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
-        """``len(ends)`` gradient steps on one sample of the replay (:meth:`_step`)."""
-        mb = minibatches(self.replay, len(ends), self.hyper.batch_size, FIELDS, self.device)
-        for i in range(len(ends)):
-            self._step({k: v[i] for k, v in mb.items()}, means)
-
-    def gradient_step(self, sample: dict[str, Any]) -> dict[str, float]:
-        """One gradient step on ``sample`` (see :meth:`_step`); its losses and values."""
-        means = TensorMeans()
-        self._step(as_tensors(sample, FIELDS, self.device), means)
-        return {f"losses/{k}": v for k, v in means.means().items()}
-
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step towards the smoothed target; every ``policy_frequency`` steps an
         actor step on the first critic, then every target moves by Polyak averaging."""
@@ -201,17 +175,10 @@ class TD3Learner(ReplayLearner):
             polyak_(self.targets, self.sources, h.tau)
             means.add("actor_loss", actor_loss)
 
-    def weights(self) -> dict[str, Tensor]:
-        """A CPU copy of the actor (with its ``explore`` flag) for the actors."""
-        return {k: v.detach().cpu().clone() for k, v in self.actor.state_dict().items()}
-
     def model_state(self) -> dict[str, Any]:
         """Networks, their targets, optimisers and the noise generator's state (CPU)."""
-        def cpu(module: nn.Module) -> dict[str, Tensor]:
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-        return {"model": self.weights(), "actor_target": cpu(self.actor_target),
-                "qf": cpu(self.qf), "qf_target": cpu(self.qf_target),
+        return {"model": self.weights(), "actor_target": cpu_copy(self.actor_target),
+                "qf": cpu_copy(self.qf), "qf_target": cpu_copy(self.qf_target),
                 "q_optimizer": optimizer_state(self.q_optimizer),
                 "actor_optimizer": optimizer_state(self.actor_optimizer),
                 "generator": self.generator.get_state()}
