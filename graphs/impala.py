@@ -43,6 +43,10 @@ class Config:
     num_actors: int = setting("actors (each with its own envs and rollouts in flight)", 2)
     num_envs: int = setting("envs per actor", 8)
     num_steps: int = setting("steps per env per rollout (the V-trace sequence length)", 32)
+    update_epochs: int = setting("passes over each update's batches (1: IMPALA's one step; "
+                                 "more reuse them as APPO does, giving the learner more work "
+                                 "per env step)", 1)
+    num_minibatches: int = setting("minibatches each pass is cut into", 1)
     learning_rate: float = setting("Adam learning rate", 1e-3)
     anneal_lr: bool = setting("anneal the learning rate linearly to 0", True)
     gamma: float = setting("discount factor", 0.99)
@@ -69,8 +73,10 @@ class Config:
         return Normalization(obs=on, reward=on)
 
     def hyper(self) -> PPOHyper:
-        """One gradient step per batch (IMPALA's), with these loss and optimiser settings."""
-        return PPOHyper(update_epochs=1, num_minibatches=1, learning_rate=self.learning_rate,
+        """``update_epochs`` x ``num_minibatches`` gradient steps per update (IMPALA's one by
+        default), with these loss and optimiser settings."""
+        return PPOHyper(update_epochs=self.update_epochs, num_minibatches=self.num_minibatches,
+                        learning_rate=self.learning_rate,
                         anneal_lr=self.anneal_lr, ent_coef=self.ent_coef, vf_coef=self.vf_coef,
                         max_grad_norm=self.max_grad_norm, norm_adv=False)
 
@@ -101,7 +107,9 @@ def evaluate(config: Config, norm: Normalization, weights: dict, seed: int) -> d
 def build(config: Config) -> Algorithm:
     """IMPALA as an :class:`~daskrl.Algorithm`; its default distribution, ``impala``, keeps
     the actors running while the learner updates."""
-    for flag, value in (("--rho-bar", config.rho_bar), ("--c-bar", config.c_bar)):
+    for flag, value in (("--rho-bar", config.rho_bar), ("--c-bar", config.c_bar),
+                        ("--update-epochs", config.update_epochs),
+                        ("--num-minibatches", config.num_minibatches)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     spaces = env_spaces(config.env)  # checks the env id and reads its spaces

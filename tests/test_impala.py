@@ -168,6 +168,25 @@ def test_sync_scheduler_runs_the_actors_in_turn(tmp_path: Path) -> None:
     assert saved["policy_lag_mean"] == 0
 
 
+def test_update_epochs_pass_over_each_update_s_batches() -> None:
+    # --update-epochs E --num-minibatches M: E x M optimiser steps per update (APPO's passes,
+    # what the scale lab's learner-bound rows use); IMPALA's one step by default
+    impala = load_graph(str(ROOT / "graphs" / "impala.py"))
+    steps = {}
+    for epochs, minibatches in ((1, 1), (3, 2)):
+        algo = impala.build(impala.Config(num_envs=2, num_steps=8, update_epochs=epochs,
+                                          num_minibatches=minibatches))
+        learner, actor = algo.make_learner(0, "cpu"), algo.make_actor(0)
+        actor.set_weights(learner.weights(), 0)
+        learner.update([actor.rollout(8)], 0.0)
+        steps[epochs, minibatches] = {int(s["step"]) for s in learner.optimizer.state.values()}
+    assert steps == {(1, 1): {1}, (3, 2): {6}}
+    for field, flag in (("update_epochs", "--update-epochs"),
+                        ("num_minibatches", "--num-minibatches")):
+        with pytest.raises(ValueError, match=rf"^{flag} must be > 0, got 0$"):
+            impala.build(impala.Config(**{field: 0}))
+
+
 def test_batch_makes_one_update_of_several_rollouts(tmp_path: Path) -> None:
     # impala:batch=2 with 2 actors: one gradient step per iteration on both batches (as
     # lockstep actors-learner makes), so the weights version counts iterations
