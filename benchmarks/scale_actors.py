@@ -53,6 +53,22 @@ FIELDS = ("env_steps_per_s", "ideal_env_steps_per_s", "of_ideal", "learner_busy"
           "actors_cpu_share", "learner_cpu_share", "iteration_s", "rollout_s", "actor_procs")
 
 
+def graph_setting(text: str) -> tuple[str, Any]:
+    """``FIELD=VALUE`` of ``--set``, the value read as JSON when it parses (numbers, true).
+
+    >>> graph_setting("update_epochs=4"), graph_setting("env=CartPole-v1")
+    (('update_epochs', 4), ('env', 'CartPole-v1'))
+    """
+    field, sep, value = text.partition("=")
+    if not sep or not field:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: write FIELD=VALUE, e.g. "
+                                         "update_epochs=4")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value
+
+
 def point_spec(system: str, actors: int, args: argparse.Namespace) -> dict[str, Any]:
     """The spec ``_scale_point.py`` runs for one (system, actors)."""
     from _scale_point import GRAPHS
@@ -62,7 +78,8 @@ def point_spec(system: str, actors: int, args: argparse.Namespace) -> dict[str, 
             "sleep": args.env_step_sleep, "iterations": args.iterations, "seed": 1,
             "task_timeout": args.task_timeout, "learner_cpus": args.learner_cpus,
             "config": {**CONFIG, **GRAPH_CONFIG.get(graph, {}),
-                       **({"hidden": args.hidden} if args.hidden else {})}}
+                       **({"hidden": args.hidden} if args.hidden else {}),
+                       **dict(args.set)}}
 
 
 def run_point(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -153,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
                              "drain of the rollouts that piled up while the learner started)")
     parser.add_argument("--hidden", type=int, default=0,
                         help="hidden units of every network (0: each graph's default)")
+    parser.add_argument("--set", type=graph_setting, action="append", default=[],
+                        metavar="FIELD=VALUE",
+                        help="a graph Config field for every point (repeatable), e.g. "
+                             "--set update_epochs=4")
     parser.add_argument("--learner-cpus", type=int, nargs="+", default=None,
                         help="CPUs the learner's worker runs on alone; the scheduler, the "
                              "actors and the driver get the others (default: all share all)")

@@ -76,8 +76,8 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
     Examples
     --------
-    >>> fit([1, 2, 3], [3, 5, 7])
-    (1.0, 2.0)
+    >>> [round(v, 9) for v in fit([1, 2, 3], [3, 5, 7])]
+    [1.0, 2.0]
     """
     if len(xs) < 2:
         return (ys[0] if ys else 0.0), 0.0
@@ -155,6 +155,24 @@ def table(models: list[dict[str, Any]]) -> str:
     return markdown_table(headers, body, align="llllrrrrr")
 
 
+def latest_rows(files: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several results files together; a (distribution, actors) measured in more
+    than one keeps the later file's row (a re-measured point replaces the earlier one).
+
+    Examples
+    --------
+    >>> old = [{"distribution": "impala", "actors": 16, "of_ideal": 0.7}]
+    >>> new = [{"distribution": "impala", "actors": 16, "of_ideal": 0.9}]
+    >>> latest_rows([old, new])
+    [{'distribution': 'impala', 'actors': 16, 'of_ideal': 0.9}]
+    """
+    kept: dict[tuple[str, int], dict[str, Any]] = {}
+    for rows in files:
+        for row in rows:
+            kept[(row["distribution"], int(row["actors"]))] = row
+    return list(kept.values())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Fit the model to a scale_actors.py JSON; write its table and JSON."""
     import json
@@ -167,11 +185,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="actor count to predict rather than fit (default: the largest)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "scale_model.json")
     parser.add_argument("--md", type=Path, default=HERE / "scale_actors.md")
+    parser.add_argument("--section", default="scale-model",
+                        help="name of the section of --md to rewrite")
     args = parser.parse_args(argv)
-    rows = [row for path in args.json for row in json.loads(path.read_text())["rows"]]
+    rows = latest_rows([json.loads(path.read_text())["rows"] for path in args.json])
     models = model(rows, args.hold_out)
     write_json(args.out, {"source": [str(p) for p in args.json], "models": models})
-    update_section(args.md, "scale-model", table(models))
+    update_section(args.md, args.section, table(models))
     print(table(models))
 
 
