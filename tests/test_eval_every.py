@@ -79,3 +79,32 @@ def test_eval_runs_in_its_own_task_on_the_evaluate_worker(cluster_gpu_client,
     ran = {str(r["key"]).split("-")[0] for r in stream if "-it" in str(r["key"])}
     assert "evaluate" in ran  # a task of its own, not part of the learner's
     assert summary["iterations"] == 4
+
+
+def test_summary_names_the_best_evaluation_and_a_final_policy_that_forgot(
+        cluster_tiny_ppo, tmp_path, capsys):
+    from daskrl.runtime.evaluations import PeriodicEvals
+
+    algo = cluster_tiny_ppo(num_actors=1)
+    settings = RunSettings(out=tmp_path, steps=4 * algo.steps_per_iteration, seed=5,
+                           progress=False, eval=True, tensorboard=False, task_s=0,
+                           checkpoint_every=3, eval_every=2)
+    summary = train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)["eval"]
+    assert summary["best_eval_return_mean"] == pytest.approx(best["eval_return_mean"])
+    assert summary["best_eval_iteration"] == best["iteration"] in (2, 4)
+    # a final policy worse than best.pt's is said in one line naming the file to use
+    evals = PeriodicEvals.__new__(PeriodicEvals)
+    evals.settings, evals.best = settings, {"eval_return_mean": 480.0, "iteration": 30}
+    capsys.readouterr()
+    assert evals.forgetting(480.0) == {"best_eval_return_mean": 480.0,
+                                       "best_eval_iteration": 30}
+    assert capsys.readouterr().err == ""
+    evals.forgetting(21.7)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"daskrl: the final policy evaluates at 21.7, below the best periodic "
+                   f"evaluation (480 at iteration 30): the run forgot what it had learned; "
+                   f"{tmp_path}/checkpoints/best.pt keeps that policy (daskrl eval {tmp_path} "
+                   "--best)"]
+    evals.best = None
+    assert evals.forgetting(21.7) == {}

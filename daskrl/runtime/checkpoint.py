@@ -47,22 +47,25 @@ def save_best(directory: Path, payload: dict[str, Any]) -> Path:
     >>> import tempfile; d = Path(tempfile.mkdtemp())
     >>> save_best(d, {"eval": {"eval_return_mean": 9.5, "iteration": 4}}).name
     'best.pt'
-    >>> best_score(d)
-    9.5
+    >>> best_eval(d)
+    {'eval_return_mean': 9.5, 'iteration': 4}
     """
     directory.mkdir(parents=True, exist_ok=True)
     return _write_atomically(directory / BEST, payload)
 
 
-def best_score(directory: Path) -> float | None:
-    """The ``eval_return_mean`` of ``best.pt`` (None without one; a damaged one is reported
-    on stderr and counts as none, so the next evaluation replaces it)."""
+def best_eval(directory: Path) -> dict[str, float] | None:
+    """The ``"eval"`` entry of ``best.pt``: its ``eval_return_mean`` and ``iteration`` (None
+    without one; a damaged one is reported on stderr and counts as none, so the next
+    evaluation replaces it)."""
     path = directory / BEST
     if not path.is_file():
         return None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        return float(payload["eval"]["eval_return_mean"])
+        entry = payload["eval"]
+        return {"eval_return_mean": float(entry["eval_return_mean"]),
+                "iteration": int(entry["iteration"])}
     except Exception as exc:  # noqa: BLE001 - any damage: replaced by the next evaluation
         print(f"daskrl: warning: {path} does not load ({_reason(exc)}); the next evaluation "
               "replaces it", file=sys.stderr)

@@ -265,6 +265,7 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
         summary.update(distribution.headline_figures(read_metrics(out)))
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
+        summary.update(loop.evals.forgetting(summary.get("eval_return_mean", math.nan)))
         if "eval_return_mean" in summary and recorder.feed is not None:
             # the final evaluation (in the summary, not in metrics.csv), on the page too
             recorder.feed.row({"env_steps": recorder.env_steps, "eval_iteration": total,

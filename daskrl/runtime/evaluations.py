@@ -9,6 +9,7 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -20,7 +21,7 @@ from daskrl.core.failures import Call
 from daskrl.core.keys import task_key
 from daskrl.distributions import IterationInputs
 from daskrl.runtime.attempt import LOST, Attempt
-from daskrl.runtime.checkpoint import best_score, save_best
+from daskrl.runtime.checkpoint import best_eval, save_best
 from daskrl.runtime.engine import Backend, Handle
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.run_checkpoints import payload, writing
@@ -59,7 +60,8 @@ class PeriodicEvals:
         self.backend, self.algo, self.settings, self.recorder = backend, algo, settings, recorder
         self.result = result
         self.pending: deque[PendingEval] = deque()
-        self.best = best_score(settings.out / "checkpoints") if settings.eval_every else None
+        self.best = best_eval(settings.out / "checkpoints") if settings.eval_every else None
+        """``best.pt``'s evaluation (``eval_return_mean``, ``iteration``), None before one."""
 
     def due(self, first: int, count: int) -> bool:
         """Whether iterations ``first`` to ``first + count - 1`` cross an evaluation."""
@@ -105,15 +107,45 @@ class PeriodicEvals:
         self.recorder.attach({"eval_return_mean": mean,
                               "eval_return_std": metrics.get("eval_return_std", float("nan")),
                               "eval_iteration": pending.iteration})
-        if math.isfinite(mean) and (self.best is None or mean > self.best):
-            self.best = mean
+        if math.isfinite(mean) and (self.best is None or mean > self.best["eval_return_mean"]):
+            self.best = {"eval_return_mean": mean, "iteration": pending.iteration}
             kept = payload(self.settings, pending.output, pending.counters)
-            kept["eval"] = {"eval_return_mean": mean, "iteration": pending.iteration}
+            kept["eval"] = dict(self.best)
             with writing(self.settings.out / "checkpoints"):
                 save_best(self.settings.out / "checkpoints", kept)
+
+    def forgetting(self, final: float) -> dict[str, Any]:
+        """What ``summary.json`` says of the best periodic evaluation (nothing without
+        periodic evaluations); :func:`forgetting_note` on stderr when the ``final``
+        evaluation is worse."""
+        if self.best is None:
+            return {}
+        best, at = self.best["eval_return_mean"], self.best["iteration"]
+        note = forgetting_note(final, best, at, self.settings.out)
+        if note:
+            print(note, file=sys.stderr)
+        return {"best_eval_return_mean": best, "best_eval_iteration": at}
 
     def release(self) -> None:
         """Let go of every evaluation in flight."""
         for evaluation in self.pending:
             evaluation.handle.release()
         self.pending.clear()
+
+
+def forgetting_note(final: float, best: float, iteration: int, out: Path) -> str | None:
+    """The line a run prints when its final policy evaluates worse than the best periodic
+    evaluation: it forgot what it had learned, and ``best.pt`` keeps the better policy.
+
+    Examples
+    --------
+    >>> forgetting_note(500.0, 500.0, 40, Path("runs/dqn-1")) is None
+    True
+    >>> forgetting_note(21.7, 500.0, 40, Path("runs/dqn-1"))
+    'daskrl: the final policy evaluates at 21.7, below the best periodic evaluation (500 at iteration 40): the run forgot what it had learned; runs/dqn-1/checkpoints/best.pt keeps that policy (daskrl eval runs/dqn-1 --best)'
+    """  # noqa: E501
+    if not (math.isfinite(final) and final < best):
+        return None
+    return (f"daskrl: the final policy evaluates at {final:.6g}, below the best periodic "
+            f"evaluation ({best:.6g} at iteration {iteration}): the run forgot what it had "
+            f"learned; {out}/checkpoints/best.pt keeps that policy (daskrl eval {out} --best)")
