@@ -1,6 +1,7 @@
 """DQN on CartPole-v1: daskrl's graphs/dqn.py against Stable-Baselines3's DQN, same settings.
 
-Both use RL Zoo's tuned CartPole-v1 hyperparameters for SB3's DQN (lr 2.3e-3, batch 64,
+Both use RL Zoo's tuned CartPole-v1 hyperparameters for SB3's DQN (lr 2.3e-3 annealed
+linearly to 0 over the run, as daskrl's default and SB3's schedule form; batch 64,
 buffer 100k, learning starts 1000, 128 gradient steps per 256 env steps, target fixed over
 each burst, epsilon 1 -> 0.04 over 16 % of the run, two ReLU layers of 256) on 4 envs (SB3:
 a DummyVecEnv of 4, train_freq 64 vector steps). The row "daskrl" has SB3's settings exactly
@@ -98,7 +99,10 @@ def run_sb3(steps: int, seed: int, eval_every: int) -> dict[str, Any]:
     # target update interval (10 env steps, 2 vector steps) keeps the target fixed over
     # each burst of gradient steps, as with one env
     env = make_vec_env("CartPole-v1", n_envs=4, seed=seed)
-    model = DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64,
+    # daskrl's graph anneals the learning rate linearly to 0 over the run; SB3 calls a
+    # schedule with the share of the run remaining (1 -> 0): the same line
+    model = DQN("MlpPolicy", env, learning_rate=lambda remaining: 2.3e-3 * remaining,
+                batch_size=64,
                 buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10,
                 train_freq=64, gradient_steps=128, exploration_fraction=0.16,
                 exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]}, seed=seed,

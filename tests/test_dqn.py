@@ -119,12 +119,14 @@ def test_without_save_replay_a_resume_says_the_buffer_restarts_empty(capsys):
     assert len(again.replay) == len(saved.replay) > 0
 
 
-@pytest.mark.parametrize("double_q", [True, False])
-def test_update_matches_one_gradient_step_at_a_time(double_q):
+@pytest.mark.parametrize(("double_q", "anneal_lr"), [(True, False), (False, False),
+                                                     (True, True)])
+def test_update_matches_one_gradient_step_at_a_time(double_q, anneal_lr):
     """The learner's fast path (one sample per iteration, the target's Q of a whole segment in
     one pass, fused Adam) takes the same steps as a plain loop: per step its own minibatch,
-    the target's forward, Huber loss, clipping, Adam, and the hard target update after the
-    steps that cross ``target_network_frequency`` env steps."""
+    the target's forward, Huber loss, clipping, Adam (at the learning rate annealed to the
+    run's progress with ``anneal_lr``), and the hard target update after the steps that
+    cross ``target_network_frequency`` env steps."""
     import copy
 
     import numpy as np
@@ -137,7 +139,7 @@ def test_update_matches_one_gradient_step_at_a_time(double_q):
 
     hyper = DQNHyper(learning_starts=0, batch_size=8, train_frequency=2,
                      target_network_frequency=8, double_q=double_q, learning_rate=1e-2,
-                     max_grad_norm=0.5)
+                     max_grad_norm=0.5, anneal_lr=anneal_lr)
     learner = DQNLearner(4, 2, seed=0, hidden=(16,), hyper=hyper)
     actor = QActor("CartPole-v1", 2, seed=0, hidden=(16,))
     fill = actor.rollout(32)
@@ -147,8 +149,11 @@ def test_update_matches_one_gradient_step_at_a_time(double_q):
     batch["stats"]["env_steps"] = 16  # 8 gradient steps; the target updates after the 4th, 8th
     replay, net = copy.deepcopy(learner.replay), copy.deepcopy(learner.net)
     target = copy.deepcopy(learner.target)
-    opt = torch.optim.Adam(net.parameters(), lr=hyper.learning_rate, foreach=False)
-    assert learner.update([batch], 0.1)["gradient_steps"] == 8
+    lr = hyper.learning_rate * (0.6 if anneal_lr else 1.0)  # 40 % of the run done
+    opt = torch.optim.Adam(net.parameters(), lr=lr, foreach=False)
+    metrics = learner.update([batch], 0.4)
+    assert metrics["gradient_steps"] == 8
+    assert metrics["charts/learning_rate"] == pytest.approx(lr)
 
     replay.add(batch)
     sample = replay.sample(8 * 8)

@@ -44,6 +44,7 @@ class DQNHyper:
     """DQN's update settings (CleanRL's names; see ``graphs/dqn.py`` for each flag)."""
 
     learning_rate: float = 2.3e-3
+    anneal_lr: bool = False
     batch_size: int = 64
     buffer_size: int = 100_000
     learning_starts: int = 1000
@@ -103,11 +104,15 @@ class DQNLearner(ReplayLearner):
         self.optimizer = adam(self.params, hyper.learning_rate)
 
     def schedule(self, progress: float) -> dict[str, float]:
-        """Epsilon at ``progress`` (carried to the actors by the weights)."""
+        """Epsilon at ``progress`` (carried to the actors by the weights) and the learning
+        rate (annealed linearly to 0 over the run with ``anneal_lr``)."""
         h = self.hyper
         self.net.epsilon.fill_(linear_schedule(h.start_e, h.end_e, h.exploration_fraction,
                                                progress))
-        return {"charts/epsilon": float(self.net.epsilon)}
+        lr = h.learning_rate * (1.0 - progress) if h.anneal_lr else h.learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return {"charts/epsilon": float(self.net.epsilon), "charts/learning_rate": lr}
 
     def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
         """A gradient step at each of ``ends``; the target updates after each step that
