@@ -72,8 +72,10 @@ def test_actors_learner_feeds_the_resident_replay(client, tmp_path):
 
 
 def test_deterministic_runs_match_and_resume_keeps_the_replay(client, tmp_path):
+    # a constant learning rate: the half run below is a run of 3 iterations, whose annealed
+    # schedule would end at 0 where the 6-iteration run's is at half
     algo = GRAPH.build(GRAPH.Config(num_envs=2, num_steps=32, learning_starts=64,
-                                    eval_episodes=1, hidden=32))
+                                    eval_episodes=1, hidden=32, anneal_lr=False))
     steps = 6 * algo.steps_per_iteration
     kw = {"deterministic": True, "eval": False, "checkpoint_every": 3}
     a = train(client, algo, get_distribution("single"), _settings(tmp_path / "a", steps, **kw))
@@ -255,7 +257,7 @@ def test_a_killed_learner_worker_is_rebuilt_and_reports_the_replay_lost(client, 
 
 
 def test_actors_learner_resume_keeps_the_replay_and_deterministic_runs_match(client, tmp_path):
-    algo = _small()
+    algo = _small(anneal_lr=False)  # the half run's annealed schedule would end at 0
     steps = 6 * algo.steps_per_iteration
     dist = "actors-learner:fuse=false"
     kw = {"deterministic": True, "eval": False, "checkpoint_every": 3}
