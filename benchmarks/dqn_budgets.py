@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="a smoke test: 4k steps, seed 1, both settings")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "dqn_budgets.json")
     parser.add_argument("--md", type=Path, default=HERE / "dqn_budgets.md")
+    parser.add_argument("--section", default="dqn-budgets",
+                        help="name of the section of --md to rewrite")
     args = parser.parse_args(argv)
     if args.quick:
         args.budgets, args.seeds = [4_000], [1]
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = summarise(runs)
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": rows, "runs": runs})
-    update_section(args.md, "dqn-budgets", table(rows))
+    update_section(args.md, args.section, table(rows))
     print(table(rows))
 
 
