@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from daskrl.algos.gradient_update import annealed_lr, set_learning_rate
 from daskrl.algos.offpolicy import (
     TensorMeans,
     adam,
@@ -109,9 +110,8 @@ class DQNLearner(ReplayLearner):
         h = self.hyper
         self.net.epsilon.fill_(linear_schedule(h.start_e, h.end_e, h.exploration_fraction,
                                                progress))
-        lr = h.learning_rate * (1.0 - progress) if h.anneal_lr else h.learning_rate
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = annealed_lr(h.learning_rate, h.anneal_lr, progress)
+        set_learning_rate(self.optimizer, lr)
         return {"charts/epsilon": float(self.net.epsilon), "charts/learning_rate": lr}
 
     def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:

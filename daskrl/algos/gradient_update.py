@@ -23,6 +23,24 @@ import torch
 from torch import Tensor
 
 
+def annealed_lr(base: float, anneal: bool, progress: float) -> float:
+    """The learning rate at ``progress`` in [0, 1] of the run: ``base``, or with ``anneal``
+    ``base`` falling linearly to 0 over the run.
+
+    Examples
+    --------
+    >>> annealed_lr(1e-3, True, 0.25), annealed_lr(1e-3, False, 0.25)
+    (0.00075, 0.001)
+    """
+    return base * (1.0 - progress) if anneal else base
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Give every parameter group of ``optimizer`` the step size ``lr``."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 class GradientUpdate(ABC):
     """Schedules, autograd gradients, clipped optimiser steps and the update loop.
 
@@ -89,14 +107,12 @@ class GradientUpdate(ABC):
     def learning_rate(self, progress: float) -> float:
         """The learning rate at ``progress`` in [0, 1] of the run (annealed linearly to 0
         when ``hp.anneal_lr``)."""
-        hp = self.hp
-        return hp.learning_rate * (1.0 - progress) if hp.anneal_lr else hp.learning_rate
+        return annealed_lr(self.hp.learning_rate, self.hp.anneal_lr, progress)
 
     def schedule(self, progress: float) -> dict[str, float]:
         """Set the optimiser's learning rate for ``progress``; return it."""
         lr = self.learning_rate(progress)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         return {"charts/learning_rate": lr}
 
     def compute_gradients(self, minibatch: Any) -> tuple[list[Tensor], dict[str, float]]:
