@@ -109,6 +109,7 @@ class RunLoop:
         self.lost: BaseException | None = None  # why the head of the window was lost
         self.watchdog = Watchdog(backend, settings.task_timeout)
         self.evals = PeriodicEvals(backend, algo, settings, recorder, self._result)
+        self.first_done_at: float | None = None  # when the first graph was recorded
 
     def run(self) -> LearnerOutput:
         """Step until every iteration is recorded; return the last output."""
@@ -144,8 +145,17 @@ class RunLoop:
         depth = max(1, self.settings.lookahead)
         if self.next >= self.total or len(self.inflight) >= self.size.window(depth):
             return False
+        if self._time_is_up():
+            self.total = self.next  # a shorter run: it ends with the graphs in flight
+            return False
         # A chain at its length waits to drain, then restarts from the driver's copy.
         return not self.inflight or self.linked < max(depth, self.settings.chain)
+
+    def _time_is_up(self) -> bool:
+        """Whether ``stop_after_s`` has passed since the first graph was recorded."""
+        limit = self.settings.stop_after_s
+        return (limit is not None and self.first_done_at is not None
+                and time.monotonic() - self.first_done_at >= limit)
 
     def _submit_next(self) -> None:
         """Submit the graph of the next iterations, chained on the one before."""
@@ -179,6 +189,8 @@ class RunLoop:
             return Phase.RECOVERING
         self.inflight.popleft()
         self._record(head, output)
+        if self.first_done_at is None:
+            self.first_done_at = time.monotonic()
         self.in_a_row = 0  # progress: --max-recoveries counts losses in a row
         return Phase.SUBMITTING
 

@@ -59,6 +59,10 @@ class RunSettings:
     """Times a rollout whose env raised is retried on rebuilt envs."""
     progress: bool = True
     """Show a progress bar."""
+    stop_after_s: float | None = None
+    """Seconds after the first iteration finishes past which no further iteration is
+    submitted: the run ends, as a shorter run, once those in flight are recorded (None: it
+    trains all its steps). ``--distribution auto`` bounds its probes with it."""
     schedule: tuple[int, float] = (0, 0.0)
     """``(iteration, progress)`` the learning-rate schedule goes on from; the driver sets it
     on a resume that changes the run's length (:func:`~daskrl.runtime.driver.schedule_start`),
