@@ -175,6 +175,24 @@ class Distribution(ABC):
         short."""
         return 1
 
+    def task_floor_s(self, algo: Algorithm, hop_s: float) -> float:
+        """A lower bound on one iteration's wall time from Dask's cost per task alone, where
+        a task that waits on another's result costs ``hop_s`` (measured on the cluster): the
+        longest chain of dependent tasks in an iteration, times ``hop_s``. Default 0 (a few
+        tasks an iteration); distributions with a task per env step or per gradient step say
+        theirs, so ``--distribution auto`` skips them when they cannot win.
+
+        Examples
+        --------
+        >>> algo = Algorithm("a", print, print, print, num_steps=128)
+        >>> from daskrl.distributions import get_distribution
+        >>> get_distribution("actors-learner").task_floor_s(algo, 0.002)
+        0.0
+        >>> get_distribution("central-inference").task_floor_s(algo, 0.002)
+        0.512
+        """
+        return 0.0
+
     def workers_wanted(self, algo: Algorithm) -> int:
         """Workers the embedded cluster starts for ``algo`` (default: one per actor)."""
         return algo.num_actors

@@ -212,6 +212,11 @@ class CentralInference(Distribution):
         return {"split-actor": fix,
                 "resizable-actor": "give the actor resized(num_envs, seed) like VecEnvActor"}
 
+    def task_floor_s(self, algo: Algorithm, hop_s: float) -> float:
+        """Each env group's steps are a chain: an ``inference`` task, then its ``env``
+        task, per step: two hops a step."""
+        return 2 * algo.num_steps * hop_s
+
     def fragments(self, algo: Algorithm) -> list[Fragment]:
         """Env replicas, one inference server and one learner."""
         return [

@@ -190,6 +190,11 @@ class DataParallel(Distribution):
                 f"different workers, got {workers}: start more workers offering "
                 f"{placement.resources['replica']} or lower --num-actors")
 
+    def task_floor_s(self, algo: Algorithm, hop_s: float) -> float:
+        """``allreduce=dask``: a ``replica`` task and an ``allreduce`` task per sync round
+        (:meth:`gradient_steps`), chained; ``torch``: none (one task per replica)."""
+        return 0.0 if self.allreduce == "torch" else 2 * self.gradient_steps(algo) * hop_s
+
     def gradient_steps(self, algo: Algorithm) -> int:
         """All-reduce rounds per update (:func:`sync_rounds`), asked of a learner built on
         the driver once per run."""
