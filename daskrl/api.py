@@ -32,6 +32,7 @@ from daskrl.core.failures import StopAsked
 from daskrl.core.resources import Resources, parse_role_resources
 from daskrl.core.script import MissingExtra, load_graph
 from daskrl.distributions import Distribution, get_distribution
+from daskrl.runtime.auto import candidates, is_auto, refuse_deterministic, resolve
 from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, check_distribution, check_settings
 from daskrl.runtime.driver import train as train_run
@@ -213,7 +214,8 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         one worker process per replica (at most one per core), closed when the run ends.
     distribution : str or Distribution, optional
         How fragments are placed (``"actors-learner"``, ``"single"``...); None: the
-        graph's own.
+        graph's own; ``"auto"``: the fastest of those the graph can use, probed on the
+        cluster (:mod:`daskrl.runtime.auto`; ``summary["distribution_probe"]``).
     steps : int
         Env steps to train for.
     out : path, optional
@@ -273,8 +275,13 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     algo, graph, settings_meta = _algorithm(graph_or_algorithm, config)
     if resources:
         algo = algo.with_resources(_role_resources(resources))
-    chosen = get_distribution(distribution or algo.distribution) if not isinstance(
-        distribution, Distribution) else distribution
+    auto = isinstance(distribution, str) and is_auto(distribution)
+    if auto:  # probed on the cluster; the embedded one is sized for the largest candidate
+        chosen = max((get_distribution(s) for s in candidates(algo)[0]),
+                     key=lambda d: d.workers_wanted(algo))
+    else:
+        chosen = get_distribution(distribution or algo.distribution) if not isinstance(
+            distribution, Distribution) else distribution
     name = Path(graph).stem if graph else algo.name
     folder = Path(out) if out is not None else Path("runs") / (
         f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -284,7 +291,10 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
                            meta={"graph": graph or algo.name, "config": settings_meta})
     try:
         check_settings(settings)
-        check_distribution(chosen, algo, deterministic)
+        if auto:
+            refuse_deterministic(deterministic)
+        else:
+            check_distribution(chosen, algo, deterministic)
     except ValueError as exc:  # the checks name the command's flags: say the keywords
         raise ValueError(keyword_words(str(exc))) from None
     owned: tuple[Client, SpecCluster] | tuple[()] = ()
@@ -294,7 +304,13 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         client = Client(cluster)
         owned = (client, cluster)
     run = Run(folder, steps, client, owned)
-    return run._start(lambda backend: train_run(backend, algo, chosen, settings), wait)
+
+    def work(backend: Any) -> dict[str, Any]:
+        picked, run_settings = (resolve(backend, algo, settings) if auto
+                                else (chosen, settings))
+        return train_run(backend, algo, picked, run_settings)
+
+    return run._start(work, wait)
 
 
 def keyword_words(message: str) -> str:
@@ -306,8 +322,11 @@ def keyword_words(message: str) -> str:
     'pass resume=True to continue it, or choose another out'
     >>> keyword_words("--checkpoint-every must be >= 1, got 0")
     'checkpoint_every must be >= 1, got 0'
+    >>> keyword_words("with --deterministic name one (e.g. --distribution single)")
+    'with deterministic=True name one (e.g. distribution="single")'
     """
-    message = re.sub(r"--resume\b", "resume=True", message)
+    message = re.sub(r"--(resume|deterministic)\b", r"\1=True", message)
+    message = re.sub(r"--distribution ([a-z][a-z-]*)\b", r'distribution="\1"', message)
     return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), message)
 
 

@@ -94,6 +94,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
     from daskrl.core.failures import FragmentError, RunStopped
     from daskrl.distributions import get_distribution
     from daskrl.observe.board_feed import page_line
+    from daskrl.runtime.auto import candidates, is_auto, refuse_deterministic, resolve
     from daskrl.runtime.dask_backend import DaskBackend
     from daskrl.runtime.driver import (
         RunSettings,
@@ -109,12 +110,18 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")
         algo = build_algorithm(module, config, args.graph).with_resources(overrides)
-        distribution = get_distribution(args.distribution or algo.distribution)
-        check_distribution(distribution, algo, deterministic=args.deterministic)
+        auto = is_auto(args.distribution)
+        if auto:  # probed on the cluster once it runs; sized for the largest candidate
+            refuse_deterministic(args.deterministic)
+            distribution = max((get_distribution(s) for s in candidates(algo)[0]),
+                               key=lambda d: d.workers_wanted(algo))
+        else:
+            distribution = get_distribution(args.distribution or algo.distribution)
+            check_distribution(distribution, algo, deterministic=args.deterministic)
         wanted = distribution.workers_wanted(algo)
         workers = args.workers or max(1, min(os.cpu_count() or 1, wanted))
         batch = _batch_spec(args)
-        if not args.scheduler and batch is None:  # the embedded cluster's workers are known
+        if not args.scheduler and batch is None and not auto:  # the workers are known
             from daskrl.core.placement import plan_placement
 
             spec = {f"w{i}": r for i, r in enumerate(default_worker_resources(workers))}
@@ -180,6 +187,8 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                   file=sys.stderr)
             print(page_line(client.dashboard_link), file=sys.stderr)
         try:
+            if auto:
+                distribution, settings = resolve(backend, algo, settings)
             if args.report is not None and client is not None:
                 from distributed import performance_report
 

@@ -50,7 +50,9 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "graph", help="graph script, e.g. graphs/ppo.py")
     add(train, "train", "--distribution", default=None,
         help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch "
-             f"(default: the graph's own, actors-learner for most); names: {names}")
+             f"(default: the graph's own, actors-learner for most); names: {names}; 'auto' "
+             "probes each one the graph can use on the cluster for a second and trains "
+             "under the fastest")
     add(train, "train", "--steps", type=int, default=500_000,
         help="env steps to train for, rounded up to whole iterations (default: %(default)s)")
     add(train, "train", "--seed", type=int, default=1,
