@@ -295,6 +295,7 @@ def _summary(settings: RunSettings, algo: Algorithm, distribution: Distribution,
         "seed": settings.seed,
         "deterministic": settings.deterministic,
         "weights_sha256": weights_sha256(last_done.weights),
+        "replans": loop.replans,
     }
 
 

@@ -39,6 +39,7 @@ class Membership:
         self._changed = threading.Condition()
         self._count = 0
         self._left: dict[str, int] = {}  # address -> the count at its last departure
+        self._joined: dict[str, int] = {}  # address -> the count at its last arrival
 
     def cursor(self) -> int:
         """How many reports (joins, departures, subscriptions) came so far."""
@@ -49,6 +50,21 @@ class Membership:
         """Addresses of the workers that left after ``cursor``."""
         with self._changed:
             return {addr for addr, at in self._left.items() if at > cursor}
+
+    def joined_since(self, cursor: int) -> set[str]:
+        """Addresses of the workers that joined after ``cursor`` and are still there.
+
+        Examples
+        --------
+        >>> m = Membership()
+        >>> before = m.cursor()
+        >>> m.on_event((0.0, {"action": "add-worker", "worker": "tcp://b:1"}))
+        >>> m.joined_since(before), m.joined_since(m.cursor())
+        ({'tcp://b:1'}, set())
+        """
+        with self._changed:
+            return {addr for addr, at in self._joined.items()
+                    if at > cursor and self._left.get(addr, -1) < at}
 
     def wait(self, cursor: int, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a report after ``cursor``; whether one came."""
@@ -62,6 +78,8 @@ class Membership:
             self._count += 1
             if msg.get("action") == "remove-worker":
                 self._left[str(msg["worker"])] = self._count
+            elif msg.get("action") == "add-worker":
+                self._joined[str(msg["worker"])] = self._count
             self._changed.notify_all()
 
 

@@ -61,6 +61,7 @@ class Recorder:
         self.last_end: float | None = None
         self.iteration_sum = self.overhead_sum = 0.0
         self.t0 = time.perf_counter()
+        self.last_row: dict[str, Any] = {}  # the last iteration recorded
 
     def record(self, it: int, output: LearnerOutput) -> float:
         """Write the rows of a task's iterations, ``it`` onwards (one, or the task's
@@ -84,6 +85,7 @@ class Recorder:
         if self.attached:
             rows[-1].update(self.attached)
             self.attached = {}
+        self.last_row = rows[-1]
         for j, row in enumerate(rows):
             if it + j > self.start:  # the first iteration also pays for worker start-up
                 wall, overhead = overhead_seconds(row)

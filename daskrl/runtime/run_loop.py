@@ -18,6 +18,13 @@ a small state machine (:class:`Phase`):
 ``DONE``
     Every iteration is recorded.
 
+Between them, a worker that joins is put to use at an iteration boundary when placing the
+fragments again would give it a replica (:meth:`RunLoop._notice_joins`): after the iteration
+whose record shows the join, the graphs after it are let go and the run goes on from it
+under a new placement (or, where the learner's full state travels only in a checkpoint's
+output, or actors run free, after one more iteration that carries it). Each re-plan is a
+``replan`` cell in ``metrics.csv`` and an entry of ``summary.json``'s ``replans``.
+
 What the phases use lives beside it: placements and what losing one looks like
 (:mod:`daskrl.runtime.attempt`), periodic evaluations (:mod:`daskrl.runtime.evaluations`)
 and checkpoints on the way (:mod:`daskrl.runtime.run_checkpoints`).
@@ -25,6 +32,7 @@ and checkpoints on the way (:mod:`daskrl.runtime.run_checkpoints`).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 import time
@@ -36,6 +44,7 @@ from dask.delayed import Delayed
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.failures import RunStopped
 from daskrl.core.placement import Placement
+from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.runtime.attempt import (
     LOST,
@@ -110,6 +119,10 @@ class RunLoop:
         self.watchdog = Watchdog(backend, settings.task_timeout)
         self.evals = PeriodicEvals(backend, algo, settings, recorder, self._result)
         self.first_done_at: float | None = None  # when the first graph was recorded
+        self.replan_reason: str | None = None  # a worker joined that a new placement uses
+        self.closing = False  # the graph carrying the full state before a re-plan is out
+        self.joins_seen = attempt.since  # membership reports considered for a re-plan
+        self.replans: list[dict[str, Any]] = []  # each re-plan: iteration, why, placement
 
     def run(self) -> LearnerOutput:
         """Step until every iteration is recorded; return the last output."""
@@ -125,6 +138,8 @@ class RunLoop:
 
     def submit(self) -> Phase:
         """Fill the look-ahead window; then wait for its oldest graph, or finish."""
+        if self.closing and not self.inflight:  # drained, with the full state: place again
+            self._replan()
         while self._room():
             if not self.inflight:  # restart the chain from data: no lineage behind it
                 learner = self.attempt.placement.worker("learner", 0)
@@ -148,6 +163,8 @@ class RunLoop:
         if self._time_is_up():
             self.total = self.next  # a shorter run: it ends with the graphs in flight
             return False
+        if self.closing:  # a re-plan waits for the graphs in flight
+            return False
         # A chain at its length waits to drain, then restarts from the driver's copy.
         return not self.inflight or self.linked < max(depth, self.settings.chain)
 
@@ -158,9 +175,15 @@ class RunLoop:
                 and time.monotonic() - self.first_done_at >= limit)
 
     def _submit_next(self) -> None:
-        """Submit the graph of the next iterations, chained on the one before."""
+        """Submit the graph of the next iterations, chained on the one before; before a
+        re-plan, one iteration whose output carries the learner's full state (an off-policy
+        learner's replay too), as a checkpoint's does."""
         count = min(self.size.count, self.total - self.next)
-        graph = self.distribution.iteration(self._inputs(self.next, count))
+        inputs = self._inputs(self.next, count)
+        if self.replan_reason is not None:  # only when it drains (_drains_to_replan)
+            inputs = dataclasses.replace(self._inputs(self.next, 1), checkpoint=True)
+            count, self.closing = 1, True
+        graph = self.distribution.iteration(inputs)
         handle = self.backend.submit(graph)
         if self.next == self.first:
             self.unchecked = graph
@@ -191,6 +214,15 @@ class RunLoop:
         self._record(head, output)
         if self.first_done_at is None:
             self.first_done_at = time.monotonic()
+        self._notice_joins()
+        if self.replan_reason is not None and not self._drains_to_replan():
+            # the output just recorded carries the learner's full state: let the graphs
+            # after it go (at most the next one has started) and go on from it, placed anew
+            if self.inflight:
+                self.next = self.inflight[0].first
+            self.release(evaluations=False)
+            self.learner_in = None
+            self._replan(drop_old=False)
         self.in_a_row = 0  # progress: --max-recoveries counts losses in a row
         return Phase.SUBMITTING
 
@@ -232,11 +264,86 @@ class RunLoop:
         self.last_done = output
         self.evals.collect(block=False)  # a finished one goes into this row
         self.size.observe(self.recorder.record(done.first, output))
+        for observer in self.settings.observers:
+            observer(self.recorder.last_row, self.attempt.placement)
         every = self.settings.checkpoint_every
         if (done.first + done.count) // every > done.first // every:
             checkpoint_iteration(self.settings, output, self.recorder.counters)
         if self.evals.due(done.first, done.count):
             self.evals.submit(output, self.attempt, self.total)
+
+    # ------------------------------------------------------------------ RE-PLANNING
+
+    def _notice_joins(self) -> None:
+        """When workers joined and placing the fragments again would use them, ask for a
+        re-plan at the next iteration boundary (:meth:`_replan`). Not under
+        ``--deterministic``: a re-plan restarts the envs, which the same run without the
+        join would not."""
+        if self.settings.deterministic:
+            return
+        membership = self.backend.membership
+        cursor = membership.cursor()
+        if self.replan_reason is not None or cursor == self.joins_seen:
+            return
+        joined = membership.joined_since(self.joins_seen)
+        self.joins_seen = cursor
+        if not joined or self.next >= self.total:
+            return
+        try:
+            placement = place(self.backend, self.algo, self.distribution)
+        except ValueError:  # the new workers cannot host anything of this run
+            return
+        if placement.workers == self.attempt.placement.workers:
+            return
+        names = {addr: name for name, addr in self.backend.identities().items()}
+        self.replan_reason = (f"worker(s) {', '.join(sorted(names.get(a, a) for a in joined))}"
+                              " joined")
+
+    def _drains_to_replan(self) -> bool:
+        """Whether a re-plan waits for the graphs in flight and one more whose output
+        carries the full state (an off-policy learner's replay travels only in such
+        outputs; free-running actors stop only when their run is dropped), rather than
+        letting them go at once."""
+        return self.distribution.dynamic or "light-state" in self.algo.capabilities
+
+    def _replan(self, drop_old: bool = True) -> None:
+        """Place the fragments again on the workers there are now and go on from the last
+        finished iteration, whose output carries the learner's full state: weights,
+        optimiser, normalisation and replay carry over exactly, as through a checkpoint.
+        Every replica starts its envs afresh (new episodes), under a new run id.
+        ``drop_old``: nothing of the old run runs any more (it drained), so its resident
+        objects go at once; otherwise with the run's end, as a lost attempt's."""
+        reason, self.replan_reason, self.closing = self.replan_reason, None, False
+        if self.next >= self.total:
+            return
+        try:
+            placement: Placement | None = place(self.backend, self.algo, self.distribution)
+        except ValueError:  # a worker left meanwhile: the loss is handled where it is seen
+            placement = None
+        moves = placement_moves(self.attempt.placement, placement) if placement else []
+        if not moves:
+            if drop_old:  # nothing was let go: the attempt goes on as it was
+                return
+            # graphs were let go: their iterations run again, under a new run id
+            placement = placement or self.attempt.placement
+        old_run = self.attempt.run
+        self.earlier.append(old_run)
+        self.attempt = Attempt.begin(self.backend, self.algo, self.distribution, placement,
+                                     self.settings)
+        self.joins_seen = self.attempt.since
+        self.size = TaskSize(self.attempt.cap, self.settings.task_s)
+        if self.recorder.timeline is not None:
+            self.recorder.timeline.run = self.attempt.run
+        if drop_old:
+            self.backend.run_everywhere(drop_run, old_run)
+        self.learner_in = None  # the chain restarts from the driver's copy of the output
+        self.replans.append({"iteration": self.next, "reason": reason, "moves": moves,
+                             "placement": {role: list(names)
+                                           for role, names in placement.workers.items()}})
+        said = "; ".join(moves) or "the same placement"
+        self.recorder.attach({"replan": f"{reason}: {said}"})
+        print(f"daskrl: {reason}; placed again from iteration {self.next + 1}: {said}",
+              file=sys.stderr)
 
     # ------------------------------------------------------------------ RECOVERING
 
@@ -302,3 +409,24 @@ class RunLoop:
     def attempts(self) -> list[str]:
         """Run ids of every attempt, the current one last."""
         return [*self.earlier, self.attempt.run]
+
+
+def placement_moves(before: Placement, after: Placement) -> list[str]:
+    """Each replica whose worker changed, as ``role replica: old -> new``.
+
+    Examples
+    --------
+    >>> from daskrl.core.resources import Resources
+    >>> one = Placement({"rollout": Resources(cpu=1)}, {"rollout": ("w0", "w0")})
+    >>> two = Placement({"rollout": Resources(cpu=1)}, {"rollout": ("w0", "w1")})
+    >>> placement_moves(one, two)
+    ['rollout 1: w0 -> w1']
+    """
+    moves = []
+    for role, names in after.workers.items():
+        old = before.workers.get(role, ())
+        for replica, name in enumerate(names):
+            was = old[replica] if replica < len(old) else "-"
+            if was != name:
+                moves.append(f"{role} {replica}: {was} -> {name}")
+    return moves

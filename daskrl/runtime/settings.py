@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daskrl.core.placement import Placement
 from daskrl.runtime.checkpoint import list_checkpoints
 
 
@@ -67,6 +69,9 @@ class RunSettings:
     """``(iteration, progress)`` the learning-rate schedule goes on from; the driver sets it
     on a resume that changes the run's length (:func:`~daskrl.runtime.driver.schedule_start`),
     so the schedule continues from the value it had reached."""
+    observers: tuple[Callable[[Mapping[str, Any], Placement], None], ...] = ()
+    """Called with each recorded iteration's ``metrics.csv`` row and the placement it ran
+    under (``--adapt`` sizes the cluster from them); they must return quickly."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Copied into the summary and every checkpoint (the graph, its config)."""
 
