@@ -22,16 +22,20 @@ from typing import Any
 
 from distributed import Client, Scheduler, SpecCluster
 
+from daskrl.cluster.elastic import Elastic, parse_adapt
+from daskrl.cluster.elastic import adapt as start_adapting
 from daskrl.cluster.local import (
     close_cluster,
     default_worker_resources,
     local_cluster,
+    scale_like,
 )
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.failures import StopAsked
 from daskrl.core.resources import Resources, parse_role_resources
 from daskrl.core.script import MissingExtra, load_graph
 from daskrl.distributions import Distribution, get_distribution
+from daskrl.observe.metrics import write_summary
 from daskrl.runtime.auto import candidates, is_auto, refuse_deterministic, resolve
 from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, check_distribution, check_settings
@@ -200,7 +204,8 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
           seed: int = 1, progress: bool = True, resume: bool = False,
           checkpoint_every: int = 10, eval_every: int = 0, evaluate: bool = True,
           deterministic: bool = False,
-          resources: Mapping[str, Resources | str] | None = None, **config: Any) -> Run:
+          resources: Mapping[str, Resources | str] | None = None,
+          adapt: tuple[int, int] | None = None, **config: Any) -> Run:
     """Train a graph script (its path or module) or an :class:`~daskrl.Algorithm`.
 
     Parameters
@@ -241,6 +246,10 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     resources : mapping, optional
         Role -> resources replacing the graph's, as :class:`~daskrl.Resources` or the
         ``--resources`` spelling: ``{"learner": "GPU:1", "rollout": Resources(cpu=2)}``.
+    adapt : (int, int), optional
+        ``(MIN, MAX)`` workers of the embedded cluster, sized by the run through Dask's
+        adaptive scaling (:mod:`daskrl.cluster.elastic`; ``summary["adapt"]``); not with
+        ``client`` (call your cluster's own ``adapt``) nor ``deterministic``.
     **config
         The graph's ``Config`` fields, e.g. ``num_envs=8``.
 
@@ -289,8 +298,11 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
                            resume=resume, checkpoint_every=checkpoint_every,
                            eval_every=eval_every, eval=evaluate, deterministic=deterministic,
                            meta={"graph": graph or algo.name, "config": settings_meta})
+    elastic = None
     try:
         check_settings(settings)
+        if adapt is not None:
+            elastic = _elastic(adapt, client, deterministic, chosen.workers_wanted(algo))
         if auto:
             refuse_deterministic(deterministic)
         else:
@@ -300,17 +312,40 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     owned: tuple[Client, SpecCluster] | tuple[()] = ()
     if client is None:
         workers = max(1, min(os.cpu_count() or 1, chosen.workers_wanted(algo)))
+        if elastic is not None:
+            workers = elastic.minimum
         cluster = local_cluster(default_worker_resources(workers))
         client = Client(cluster)
         owned = (client, cluster)
+        if elastic is not None:
+            scale_like(cluster, default_worker_resources(1)[0])
+            start_adapting(cluster, elastic)
+            settings = dataclasses.replace(settings, observers=(elastic.observe,))
     run = Run(folder, steps, client, owned)
 
     def work(backend: Any) -> dict[str, Any]:
         picked, run_settings = (resolve(backend, algo, settings) if auto
                                 else (chosen, settings))
-        return train_run(backend, algo, picked, run_settings)
+        summary = train_run(backend, algo, picked, run_settings)
+        if elastic is not None:
+            summary["adapt"] = elastic.record()
+            write_summary(folder / "summary.json", summary)
+        return summary
 
     return run._start(work, wait)
+
+
+def _elastic(adapt: tuple[int, int], client: Client | None, deterministic: bool,
+             usable: int) -> Elastic:
+    """``train(adapt=...)``'s policy, or a one-line refusal."""
+    if client is not None:
+        raise ValueError("adapt=(MIN, MAX) sizes the embedded cluster: with client=, call "
+                         "your cluster's own adapt()")
+    if deterministic:
+        raise ValueError("adapt places replicas anew as workers come and go, which starts "
+                         "their envs afresh: not with deterministic=True")
+    low, high = parse_adapt(f"{adapt[0]}:{adapt[1]}")
+    return Elastic(low, high, usable)
 
 
 def keyword_words(message: str) -> str:

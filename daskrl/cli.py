@@ -90,6 +90,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         connect,
         default_worker_resources,
         local_cluster,
+        scale_like,
     )
     from daskrl.core.failures import FragmentError, RunStopped
     from daskrl.distributions import get_distribution
@@ -121,6 +122,12 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         wanted = distribution.workers_wanted(algo)
         workers = args.workers or max(1, min(os.cpu_count() or 1, wanted))
         batch = _batch_spec(args)
+        elastic = None
+        if args.adapt is not None:
+            elastic = _elastic(args, wanted)
+            workers = elastic.minimum
+            if batch is not None:
+                batch = dataclasses.replace(batch, cpu_jobs=elastic.minimum)
         if not args.scheduler and batch is None and not auto:  # the workers are known
             from daskrl.core.placement import plan_placement
 
@@ -189,6 +196,13 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         try:
             if auto:
                 distribution, settings = resolve(backend, algo, settings)
+            if elastic is not None and cluster is not None:
+                from daskrl.cluster.elastic import adapt
+
+                if batch is None:
+                    scale_like(cluster, default_worker_resources(1)[0])
+                adapt(cluster, elastic)
+                settings = dataclasses.replace(settings, observers=(elastic.observe,))
             if args.report is not None and client is not None:
                 from distributed import performance_report
 
@@ -221,6 +235,13 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
             client.close()
         if cluster is not None:
             close_cluster(cluster)  # without waiting 30 s for a scheduler that is gone
+    if elastic is not None:  # the cluster's sizes, beside the run's own figures
+        from daskrl.observe.metrics import write_summary
+
+        summary["adapt"] = elastic.record()
+        write_summary(out / "summary.json", summary)
+        print(f"--adapt: {len(elastic.changes)} change(s), {summary['adapt']['worker_s']:.1f} "
+              "worker-seconds", file=sys.stderr)
     keys = ("env_steps", "wall_s", "env_steps_per_s", "eval_return_mean")
     print(" ".join(f"{k}={summary[k]:.6g}" for k in keys if k in summary))
     print(f"wrote {out}/metrics.csv, {out}/summary.json, {out}/checkpoints/")
@@ -229,6 +250,23 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
 
         print(f"mlflow run {log_run_mlflow(out)} (experiment daskrl)")
     return 0
+
+
+def _elastic(args: argparse.Namespace, usable: int) -> Any:
+    """``--adapt``'s policy, or a one-line refusal where it cannot apply."""
+    from daskrl.cluster.elastic import Elastic, parse_adapt
+
+    low, high = parse_adapt(args.adapt)
+    if args.scheduler:
+        raise ValueError("--adapt sizes the embedded cluster or a --cluster pool: with "
+                         "--scheduler, scale your own cluster (its cluster.adapt())")
+    if args.deterministic:
+        raise ValueError("--adapt places replicas anew as workers come and go, which starts "
+                         "their envs afresh: not with --deterministic")
+    if args.max_restarts:
+        raise ValueError("--adapt with --max-restarts: a restarted cluster would not adapt; "
+                         "drop one of them")
+    return Elastic(low, high, usable)
 
 
 def _default(f: dataclasses.Field) -> Any:

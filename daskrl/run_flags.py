@@ -65,6 +65,12 @@ def run_parser(graph_flags_help: str | None = None
              "process (default: an embedded cluster). On any of them each task runs torch "
              "with as many threads as its role's CPU count (1 unless --resources "
              "ROLE=CPU:N) and numpy's BLAS with one")
+    add(train, "train", "--adapt", default=None, metavar="MIN:MAX",
+        help="grow and shrink the embedded cluster (or a --cluster pool) between MIN and MAX "
+             "workers through Dask's adaptive scaling: one more while the learner waits for "
+             "rollouts most of 3 iterations in a row, up to one per actor; one fewer while "
+             "it hardly waits. Starts with MIN; a worker that joins gets replicas at the next "
+             "iteration, one that leaves is the lost-worker path")
     add(train, "train", "--tls", action="store_true",
         help="encrypt comms: temporary credentials for the embedded cluster, or "
              "--tls-ca-file/--tls-cert/--tls-key for --scheduler tls://...")

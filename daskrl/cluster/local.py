@@ -194,6 +194,24 @@ def add_workers(cluster: LocalCluster, worker_resources: Sequence[Mapping[str, f
             sync_workers(cluster)
 
 
+def scale_like(cluster: LocalCluster, resources: Mapping[str, float]) -> None:
+    """Make ``cluster.scale`` (and Dask's adaptive scaling, which calls it) start workers
+    the way :func:`add_workers` does: named on from the last one, each advertising
+    ``resources``.
+
+    Examples
+    --------
+    >>> cluster = local_cluster([{"CPU": 1}], processes=False)  # doctest: +SKIP
+    >>> scale_like(cluster, {"CPU": 1}); cluster.scale(2)  # doctest: +SKIP
+    >>> sorted(cluster.worker_spec)  # doctest: +SKIP
+    ['w0', 'w1']
+    """
+    (template,) = cluster.new_worker_spec().values()
+    cluster.new_spec = {"cls": template["cls"],
+                        "options": {**template["options"], "resources": dict(resources)}}
+    cluster._new_worker_name = lambda i: f"w{i}"  # SpecCluster's hook for names
+
+
 class ClusterStart:
     """The embedded cluster, started in a thread with its first worker while the driver is
     still importing torch and the graph script; :meth:`take` adds the other workers.
