@@ -18,10 +18,12 @@ a fresh process and cluster, wall clock from launch to exit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -91,7 +93,10 @@ def measure_workload(name: str, repeats: int, measure_s: float, probe_s: float
                       flush=True)
             load = load_average()
             started = time.perf_counter()
-            chosen, with_probe = auto.resolve(backend, algo, settings, probe_s=probe_s)
+            with tempfile.TemporaryDirectory() as tmp:  # where the winner's probe goes on
+                chosen, with_probe = auto.resolve(
+                    backend, algo, dataclasses.replace(settings, out=Path(tmp) / "run"),
+                    probe_s=probe_s)
             probe_wall = time.perf_counter() - started
             winner = with_probe.meta["distribution_probe"]["chosen"]
             again = auto.probe(backend, algo, winner, settings, measure_s)
@@ -220,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe-s", type=float, default=None,
                         help="auto's probe per candidate (default: daskrl's own)")
     parser.add_argument("--cost-steps", type=int, default=500_000)
+    parser.add_argument("--tables-only", action="store_true",
+                        help="redraw the tables from --json, measuring nothing")
     parser.add_argument("--merge", action="store_true",
                         help="keep the runs of --json from the phases not run now")
     parser.add_argument("--quick", action="store_true",
@@ -237,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
             ["cartpole"], 1, 1.0, ["rates"])
         args.json = args.json.with_name("auto_distribution_quick.json")
         args.md = args.md.with_name("_auto_distribution_quick.md")
+    if args.tables_only:
+        args.merge, args.phases = True, []
     old = json.loads(args.json.read_text()) if args.merge and args.json.is_file() else {}
     runs = [r for r in old.get("runs", [])
             if ("phase" in r and "cost" not in args.phases)
@@ -254,10 +263,14 @@ def main(argv: list[str] | None = None) -> None:
                            "args": {k: str(v) for k, v in vars(args).items()},
                            "probe_s": probe_s, "rows": rows, "cost": cost, "runs": runs})
     text = tables(rows, cost)
-    loads = [v for r in rows for v in r["load"]]
-    if loads:
-        text += (f"\n\n{started}; 1-minute load {min(loads):.1f}-{max(loads):.1f} "
-                 f"(median {statistics.median(loads):.1f}) over the rate runs.")
+    for label, mine in (("rate", [r for r in runs if "phase" not in r]),
+                        ("cost", [r for r in runs if r.get("phase") == "cost"])):
+        loads = [r["load"]["load_1m"] for r in mine if r.get("load")]
+        times = sorted(r["load"]["time"] for r in mine if r.get("load"))
+        if loads:
+            text += (f"\n\nThe {label} runs: {times[0]} to {times[-1]}, 1-minute load "
+                     f"{min(loads):.1f}-{max(loads):.1f} (median "
+                     f"{statistics.median(loads):.1f}).")
     update_section(args.md, args.section, text)
     print(text)
     print(f"wrote {args.json} and {args.md}")

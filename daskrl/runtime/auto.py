@@ -12,6 +12,11 @@ of its own that is deleted after; its steady rate is taken from ``metrics.csv``
 start-up is left out). The fastest within :data:`NOISE` of the best wins, the graph's own
 distribution first among equals (it is the one its defaults were tuned under).
 
+The winner's probe was the run itself cut short (the same seed, the same length for the
+learning-rate schedule), so the run goes on from it (:func:`adopt`): its iterations count,
+and only the other candidates' probes cost time. An off-policy learner's replay is not in
+a probe's last output, so such runs start afresh.
+
 ``summary.json`` records the choice as ``distribution`` and the probe as
 ``distribution_probe`` (each candidate's rate, its probe's wall time, why one was skipped,
 and how its updates compare with the graph's own distribution, :data:`LEARNING`). A resumed
@@ -81,6 +86,8 @@ class Probe:
     """Iterations it ran."""
     skipped: str | None = None
     """Why it was not measured: refused by the algorithm or the cluster, or it failed."""
+    folder: Path | None = dataclasses.field(default=None, compare=False)
+    """Where its run is kept (``probe(keep=True)``): the winner's run goes on from it."""
 
     @property
     def learning(self) -> str:
@@ -249,10 +256,12 @@ def _same(x: Any) -> Any:
 
 
 def probe(backend: Backend, algo: Algorithm, spec: str, settings: RunSettings,
-          probe_s: float = PROBE_S) -> Probe:
+          probe_s: float = PROBE_S, keep: bool = False) -> Probe:
     """Train ``algo`` under ``spec`` on ``backend`` for ``probe_s`` seconds after its first
     iteration (and the iterations then in flight), in a temporary folder with no
-    evaluation; its :class:`Probe`."""
+    evaluation; its :class:`Probe`. The run is the one ``settings`` describe (its seed, its
+    length for the learning-rate schedule), cut short; ``keep``: its folder is kept
+    (:attr:`Probe.folder`, the caller removes it), so the run can go on from it."""
     from daskrl.observe.plot import read_metrics
     from daskrl.runtime.driver import train
 
@@ -262,26 +271,29 @@ def probe(backend: Backend, algo: Algorithm, spec: str, settings: RunSettings,
         steps=max(settings.steps, 2 * algo.steps_per_iteration), resume=False, eval=False,
         eval_every=0, progress=False, tensorboard=False, checkpoint_every=10**9,
         max_restarts=0, stop_after_s=probe_s, lookahead=2, task_s=min(settings.task_s, 0.25),
-        meta={**settings.meta, "probe": spec})
+        observers=(),
+        meta={**settings.meta, "probe": spec, "distribution_probe": {"chosen": spec}})
     started = time.perf_counter()
     try:
         train(backend, algo, get_distribution(spec), probe_settings)
         columns = read_metrics(probe_settings.out)
     except (ValueError, RunStopped, FragmentError, RuntimeError, TimeoutError) as exc:
+        shutil.rmtree(folder, ignore_errors=True)
         reason = " ".join(str(exc).split())
         return Probe(spec, None, time.perf_counter() - started, 0,
                      reason[:200] + ("..." if len(reason) > 200 else ""))
-    finally:
+    if not keep:
         shutil.rmtree(folder, ignore_errors=True)
     rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(),
                                                                         strict=True)]
     return Probe(spec, steady_rate(rows), time.perf_counter() - started, len(rows),
-                 None if len(rows) > 1 else "too few iterations to time")
+                 None if len(rows) > 1 else "too few iterations to time",
+                 probe_settings.out if keep else None)
 
 
 def probe_all(backend: Backend, algo: Algorithm, settings: RunSettings,
               specs: Iterable[str] | None = None, probe_s: float = PROBE_S,
-              echo: bool = True) -> list[Probe]:
+              echo: bool = True, keep: bool = False) -> list[Probe]:
     """Probe each of ``specs`` (default: :func:`candidates`), the first first and then the
     others by their task floor (:meth:`~daskrl.distributions.base.Distribution.
     task_floor_s`), cheapest first. A candidate whose floor alone is slower than the best
@@ -303,7 +315,7 @@ def probe_all(backend: Backend, algo: Algorithm, settings: RunSettings,
                 continue
         if echo:
             print(f"daskrl: probing --distribution {spec} ({probe_s:g} s)", file=sys.stderr)
-        probes.append(probe(backend, algo, spec, settings, probe_s))
+        probes.append(probe(backend, algo, spec, settings, probe_s, keep))
     return probes + [Probe(spec, skipped=_short(why)) for spec, why in refused.items()]
 
 
@@ -337,11 +349,48 @@ def resolve(backend: Backend, algo: Algorithm, settings: RunSettings,
             print(f"daskrl: --distribution auto: resuming under {before['chosen']}, the "
                   "distribution this run's probe chose", file=sys.stderr)
             return get_distribution(before["chosen"]), settings
-    probes = probe_all(backend, algo, settings, specs, probe_s)
-    winner = choose(probes)
-    print(probe_table(probes, winner), file=sys.stderr)
+    probes = probe_all(backend, algo, settings, specs, probe_s, keep=True)
+    try:
+        winner = choose(probes)
+        print(probe_table(probes, winner), file=sys.stderr)
+        # a light-state learner's replay is not in the probe's last output: start afresh
+        light = "light-state" in algo.capabilities
+        adopted = adopt(winner.folder, settings.out) if winner.folder and not light else 0
+    finally:
+        for p in probes:
+            if p.folder is not None:
+                shutil.rmtree(p.folder.parent, ignore_errors=True)
     record = {"chosen": winner.spec, "probe_s": round(sum(p.probe_s for p in probes), 3),
-              "probe_s_each": probe_s, "noise": NOISE,
+              "probe_s_each": probe_s, "noise": NOISE, "iterations_kept": adopted,
               "candidates": [p.record() for p in probes]}
     meta = {**settings.meta, "distribution_probe": record}
-    return get_distribution(winner.spec), dataclasses.replace(settings, meta=meta)
+    if adopted:
+        print(f"daskrl: the run goes on from the {adopted} iterations of its "
+              f"{winner.spec} probe", file=sys.stderr)
+    return get_distribution(winner.spec), dataclasses.replace(
+        settings, meta=meta, resume=settings.resume or adopted > 0)
+
+
+def adopt(probe_out: Path, out: Path) -> int:
+    """Make the winner's probe the start of the run in ``out``: its metrics rows and its
+    checkpoint (the probe was the run itself, cut short: the same seed and length) move
+    there, so the run resumes from it and the probe's iterations are not lost. Returns the
+    iterations taken over (0 when the probe left no checkpoint, or ``out`` holds files a
+    run would not overwrite).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> adopt(Path(tempfile.mkdtemp()) / "probe", Path(tempfile.mkdtemp()) / "run")
+    0
+    """
+    from daskrl.runtime.driver import finished_iterations
+
+    done = finished_iterations(probe_out) if probe_out.is_dir() else 0
+    if done == 0 or (out.exists() and any(out.iterdir())):
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics.csv", "checkpoints", "config.yaml"):
+        if (probe_out / name).exists():
+            shutil.move(str(probe_out / name), str(out / name))
+    return done
