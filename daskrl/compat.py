@@ -104,3 +104,16 @@ def serve_dashboard_on_demand(scheduler: Any) -> None:
 
 def _import_board() -> None:
     from distributed.dashboard import scheduler  # noqa: F401
+
+
+def set_new_workers(cluster: Any, spec: dict[str, Any], name: Any) -> None:
+    """Make ``cluster.scale`` (and :class:`distributed.deploy.Adaptive`, which calls it)
+    start workers from ``spec`` (``{"cls": ..., "options": ...}``) named ``name(i)``.
+
+    Relies on ``SpecCluster.new_spec``, the template ``scale`` copies for each new worker,
+    and ``SpecCluster._new_worker_name``, the hook its docstring invites subclasses to
+    override: ``LocalCluster`` takes neither resources nor names for the workers ``scale``
+    adds, and has no public way to set them.
+    """
+    cluster.new_spec = spec
+    cluster._new_worker_name = name

@@ -57,3 +57,18 @@ def test_dashboard_on_demand_attaches_to_the_schedulers_http_application() -> No
             with urllib.request.urlopen(link.replace("/status", path), timeout=60) as page:
                 assert page.status == 200 and b"bokeh" in page.read().lower()
         assert len(apps) == 1 and "bokeh" in str(type(apps[0])).lower()
+
+
+def test_scale_starts_workers_from_the_new_spec_and_names_them_by_the_hook() -> None:
+    """``SpecCluster.new_spec`` and ``SpecCluster._new_worker_name``: ``scale`` (and Dask's
+    ``Adaptive``) start workers like ``add_workers``'s, named ``w<i>`` with resources."""
+    from daskrl.cluster.local import scale_like
+
+    with local_cluster([{"CPU": 1}], processes=False, dashboard_address=None
+                       ) as cluster, Client(cluster) as client:
+        scale_like(cluster, {"CPU": 1})
+        cluster.scale(2)
+        client.wait_for_workers(2, timeout=60)
+        workers = client.scheduler_info()["workers"].values()
+        assert sorted(w["name"] for w in workers) == ["w0", "w1"]
+        assert all(w["resources"] == {"CPU": 1} for w in workers)

@@ -25,7 +25,7 @@ from distributed import (
 
 from daskrl.cluster.forkserver import WORKER_DASK_ENV, worker_environ, worker_forkserver
 from daskrl.cluster.upkeep import quiet_upkeep
-from daskrl.compat import serve_dashboard_on_demand
+from daskrl.compat import serve_dashboard_on_demand, set_new_workers
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.worker_state import register
 from daskrl.observe.board import board_settings
@@ -207,9 +207,9 @@ def scale_like(cluster: LocalCluster, resources: Mapping[str, float]) -> None:
     ['w0', 'w1']
     """
     (template,) = cluster.new_worker_spec().values()
-    cluster.new_spec = {"cls": template["cls"],
-                        "options": {**template["options"], "resources": dict(resources)}}
-    cluster._new_worker_name = lambda i: f"w{i}"  # SpecCluster's hook for names
+    set_new_workers(cluster, {"cls": template["cls"],
+                              "options": {**template["options"], "resources": dict(resources)}},
+                    lambda i: f"w{i}")
 
 
 class ClusterStart:
