@@ -183,6 +183,10 @@ def render_iteration(graph_path: str, distribution: str | None, out: str | Path,
     """
     out = Path(out)
     fmt = out.suffix.lstrip(".").lower()
+    if distribution is not None and distribution.strip().lower() == "auto":
+        raise ValueError("--distribution auto is chosen on a cluster when a run starts: "
+                         "draw one of the distributions it may pick (daskrl train --help "
+                         "names them)")
     if fmt not in ("svg", "png", "pdf"):
         raise ValueError(f"--out {str(out)!r}: end the file name in .svg, .png or .pdf")
     if shutil.which("dot") is None:
