@@ -61,6 +61,17 @@ def bottleneck(parts: Mapping[str, float], config: Mapping[str, Any] | None = No
     ...            {"num_actors": 1, "num_envs": 8})[:72]
     'env-bound: add rollout replicas (--num-actors 2) or envs per replica (--'
     """
+    return advice(bound(parts)[0], config)
+
+
+def bound(parts: Mapping[str, float]) -> tuple[str, float]:
+    """The kind of the largest part (:func:`advice`'s ``kind``) and its seconds.
+
+    Examples
+    --------
+    >>> bound({"env stepping": 0.5, "learning": 0.2, "rollout, other (buffers, GAE)": 0.1})
+    ('env', 0.6)
+    """
     get = parts.get
     scores = {
         "env": get("env stepping", 0.0) + get("rollout, other (buffers, GAE)", 0.0)
@@ -70,7 +81,8 @@ def bottleneck(parts: Mapping[str, float], config: Mapping[str, Any] | None = No
         "transfer": get("data transfer", 0.0),
         "overhead": get("scheduler and idle", get("scheduler, transfer and idle", 0.0)),
     }
-    return advice(max(scores, key=lambda k: scores[k]), config)
+    kind = max(scores, key=lambda k: scores[k])
+    return kind, scores[kind]
 
 
 BUSY_TARGET = 0.95

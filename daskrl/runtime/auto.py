@@ -271,7 +271,7 @@ def probe(backend: Backend, algo: Algorithm, spec: str, settings: RunSettings,
         steps=max(settings.steps, 2 * algo.steps_per_iteration), resume=False, eval=False,
         eval_every=0, progress=False, tensorboard=False, checkpoint_every=10**9,
         max_restarts=0, stop_after_s=probe_s, lookahead=2, task_s=min(settings.task_s, 0.25),
-        observers=(),
+        observers=(), advice=False,
         meta={**settings.meta, "probe": spec, "distribution_probe": {"chosen": spec}})
     started = time.perf_counter()
     try:

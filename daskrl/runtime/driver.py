@@ -31,6 +31,7 @@ from daskrl.core.weights import weights_sha256
 from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.observe.board_feed import RunFeed
+from daskrl.observe.live_advice import RunAdvisor
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.plot import read_metrics
 from daskrl.observe.timeline import Timeline
@@ -202,6 +203,10 @@ def train(
     schedule = schedule_start(previous, first, total)
     settings = dataclasses.replace(settings, schedule=(schedule["start"], schedule["at"]),
                                    meta={**settings.meta, "schedule": schedule})
+    advisor = RunAdvisor(settings.meta.get("config")) if settings.advice else None
+    if advisor is not None:
+        settings = dataclasses.replace(settings, observers=(*settings.observers,
+                                                            advisor.observe))
     attempt = Attempt.begin(backend, algo, distribution, placement, settings)
     feed = RunFeed(backend.publish, attempt.run, board_meta(settings, algo, distribution, total))
     try:
@@ -210,7 +215,7 @@ def train(
                             timeline=Timeline(backend, attempt.run), feed=feed)
         loop = RunLoop(backend, algo, distribution, settings, attempt, recorder, start, first,
                        total)
-        summary = _run(backend, algo, distribution, settings, loop, total)
+        summary = _run(backend, algo, distribution, settings, loop, total, advisor)
     except BaseException as exc:
         # Ctrl-C, SIGTERM and Run.stop end a run as stopped; anything else, as failed
         feed.end("stopped" if isinstance(exc, StopAsked) or not isinstance(exc, Exception)
@@ -240,7 +245,7 @@ def board_meta(settings: RunSettings, algo: Algorithm, distribution: Distributio
 
 
 def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings: RunSettings,
-         loop: RunLoop, total: int) -> dict[str, Any]:
+         loop: RunLoop, total: int, advisor: RunAdvisor | None = None) -> dict[str, Any]:
     """Run the iterations, checkpoint, evaluate and write the summary."""
     out, recorder = settings.out, loop.recorder
     try:
@@ -259,6 +264,7 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
         recorder.close()
     loop.checkpoint()
     summary = _summary(settings, algo, distribution, loop)
+    summary["advice"] = advisor.given if advisor is not None else []
     summary["determinism"] = determinism_record(settings.deterministic, distribution,
                                                 backend.worker_environ(NUMERICS))
     if loop.total > 0:  # the distribution's own figures, from the metrics just written

@@ -69,6 +69,9 @@ class RunSettings:
     """``(iteration, progress)`` the learning-rate schedule goes on from; the driver sets it
     on a resume that changes the run's length (:func:`~daskrl.runtime.driver.schedule_start`),
     so the schedule continues from the value it had reached."""
+    advice: bool = True
+    """Say once, mid-run, what to change when one part of the iteration dominates a
+    sustained window (:mod:`daskrl.observe.live_advice`; ``summary.json``'s ``advice``)."""
     observers: tuple[Callable[[Mapping[str, Any], Placement], None], ...] = ()
     """Called with each recorded iteration's ``metrics.csv`` row and the placement it ran
     under (``--adapt`` sizes the cluster from them); they must return quickly."""
