@@ -251,17 +251,22 @@ def _refusal(algo: Algorithm, need: WorkerNeed, limit: int) -> str:
 def thread_budget(total: int) -> str:
     """A ``memory_limit`` for thread workers under which a process holding ``total`` bytes
     stays below Dask's pause threshold (``distributed.worker.memory.pause``, 80 %), in whole
-    GiB.
+    GiB, with :data:`HEADROOM` more for what the process allocates after the estimate (without
+    it, a total just under a whole GiB left the process megabytes from the pause).
 
     Examples
     --------
     >>> thread_budget(3 * 2**30)
-    '4GiB'
+    '5GiB'
     """
     import dask
 
     pause = dask.config.get("distributed.worker.memory.pause") or 1.0
-    return f"{max(1, math.ceil(total / pause / 2**30))}GiB"
+    return f"{max(1, math.ceil(total * HEADROOM / pause / 2**30))}GiB"
+
+
+HEADROOM = 1.25
+"""The share above the estimated total that :func:`thread_budget` leaves."""
 
 
 def _runs(replicas: list[int]) -> str:
