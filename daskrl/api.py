@@ -22,7 +22,7 @@ from typing import Any
 
 from distributed import Client, Scheduler, SpecCluster
 
-from daskrl.cluster.elastic import Elastic, parse_adapt
+from daskrl.cluster.elastic import Elastic, plan
 from daskrl.cluster.elastic import adapt as start_adapting
 from daskrl.cluster.local import (
     close_cluster,
@@ -34,9 +34,9 @@ from daskrl.core.algorithm import Algorithm
 from daskrl.core.failures import StopAsked
 from daskrl.core.resources import Resources, parse_role_resources
 from daskrl.core.script import MissingExtra, load_graph
-from daskrl.distributions import Distribution, get_distribution
+from daskrl.distributions import Distribution, get_distribution, is_auto
 from daskrl.observe.metrics import write_summary
-from daskrl.runtime.auto import candidates, is_auto, refuse_deterministic, resolve
+from daskrl.runtime.auto import refuse_deterministic, resolve, sizing
 from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.driver import RunSettings, check_distribution, check_settings
 from daskrl.runtime.driver import train as train_run
@@ -286,8 +286,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         algo = algo.with_resources(_role_resources(resources))
     auto = isinstance(distribution, str) and is_auto(distribution)
     if auto:  # probed on the cluster; the embedded one is sized for the largest candidate
-        chosen = max((get_distribution(s) for s in candidates(algo)[0]),
-                     key=lambda d: d.workers_wanted(algo))
+        chosen = sizing(algo)
     else:
         chosen = get_distribution(distribution or algo.distribution) if not isinstance(
             distribution, Distribution) else distribution
@@ -341,11 +340,7 @@ def _elastic(adapt: tuple[int, int], client: Client | None, deterministic: bool,
     if client is not None:
         raise ValueError("adapt=(MIN, MAX) sizes the embedded cluster: with client=, call "
                          "your cluster's own adapt()")
-    if deterministic:
-        raise ValueError("adapt places replicas anew as workers come and go, which starts "
-                         "their envs afresh: not with deterministic=True")
-    low, high = parse_adapt(f"{adapt[0]}:{adapt[1]}")
-    return Elastic(low, high, usable)
+    return plan(f"{adapt[0]}:{adapt[1]}", usable, deterministic)
 
 
 def keyword_words(message: str) -> str:

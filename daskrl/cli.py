@@ -93,9 +93,9 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         scale_like,
     )
     from daskrl.core.failures import FragmentError, RunStopped
-    from daskrl.distributions import get_distribution
+    from daskrl.distributions import get_distribution, is_auto
     from daskrl.observe.board_feed import page_line
-    from daskrl.runtime.auto import candidates, is_auto, refuse_deterministic, resolve
+    from daskrl.runtime.auto import refuse_deterministic, resolve, sizing
     from daskrl.runtime.dask_backend import DaskBackend
     from daskrl.runtime.driver import (
         RunSettings,
@@ -114,8 +114,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         auto = is_auto(args.distribution)
         if auto:  # probed on the cluster once it runs; sized for the largest candidate
             refuse_deterministic(args.deterministic)
-            distribution = max((get_distribution(s) for s in candidates(algo)[0]),
-                               key=lambda d: d.workers_wanted(algo))
+            distribution = sizing(algo)
         else:
             distribution = get_distribution(args.distribution or algo.distribution)
             check_distribution(distribution, algo, deterministic=args.deterministic)
@@ -254,19 +253,16 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
 
 def _elastic(args: argparse.Namespace, usable: int) -> Any:
     """``--adapt``'s policy, or a one-line refusal where it cannot apply."""
-    from daskrl.cluster.elastic import Elastic, parse_adapt
+    from daskrl.cluster.elastic import plan
 
-    low, high = parse_adapt(args.adapt)
+    elastic = plan(args.adapt, usable, args.deterministic)
     if args.scheduler:
         raise ValueError("--adapt sizes the embedded cluster or a --cluster pool: with "
                          "--scheduler, scale your own cluster (its cluster.adapt())")
-    if args.deterministic:
-        raise ValueError("--adapt places replicas anew as workers come and go, which starts "
-                         "their envs afresh: not with --deterministic")
     if args.max_restarts:
         raise ValueError("--adapt with --max-restarts: a restarted cluster would not adapt; "
                          "drop one of them")
-    return Elastic(low, high, usable)
+    return elastic
 
 
 def _default(f: dataclasses.Field) -> Any:

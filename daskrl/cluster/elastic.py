@@ -198,3 +198,23 @@ def adapt(cluster: Any, elastic: Elastic, interval: float = 1.0, wait_count: int
     return cluster.adapt(Adaptive=RunAdaptive, minimum=elastic.minimum,
                          maximum=elastic.maximum, interval=interval, wait_count=wait_count,
                          elastic=elastic)
+
+
+def plan(text: str, usable: int, deterministic: bool) -> Elastic:
+    """``--adapt MIN:MAX``'s policy for a run whose distribution can use ``usable``
+    workers, or a one-line refusal (callers add their own conditions).
+
+    Examples
+    --------
+    >>> plan("1:4", 2, False).usable
+    2
+    >>> plan("1:4", 2, True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --adapt places replicas anew as workers come and go, ...: not with --deterministic
+    """
+    low, high = parse_adapt(text)
+    if deterministic:
+        raise ValueError("--adapt places replicas anew as workers come and go, which starts "
+                         "their envs afresh: not with --deterministic")
+    return Elastic(low, high, usable)

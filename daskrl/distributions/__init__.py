@@ -32,6 +32,22 @@ NAMES: tuple[str, ...] = tuple(sorted(KINDS))
 """The distribution names, sorted (for help texts)."""
 
 
+AUTO = "auto"
+"""The ``--distribution`` value that asks :mod:`daskrl.runtime.auto` to probe and choose."""
+
+
+def is_auto(spec: str | None) -> bool:
+    """Whether ``spec`` asks for :data:`AUTO` (no distribution of its own: chosen when a
+    run starts, on its cluster).
+
+    Examples
+    --------
+    >>> is_auto("auto"), is_auto("Auto"), is_auto("single"), is_auto(None)
+    (True, True, False, False)
+    """
+    return spec is not None and spec.strip().lower() == AUTO
+
+
 def get_distribution(spec: str, **options: Any) -> Distribution:
     """A new distribution for one run, named by ``spec`` (``NAME[:KEY=VALUE[,KEY=VALUE]]``).
 
@@ -64,5 +80,5 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
     return cls(**parsed)
 
 
-__all__ = ["KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",
-           "get_distribution"]
+__all__ = ["AUTO", "KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",
+           "get_distribution", "is_auto"]

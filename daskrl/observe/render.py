@@ -22,7 +22,7 @@ from daskrl.core.keys import task_key
 from daskrl.core.placement import plan_placement
 from daskrl.core.roles import evaluate
 from daskrl.core.script import MissingExtra
-from daskrl.distributions import Distribution, IterationInputs, get_distribution
+from daskrl.distributions import Distribution, IterationInputs, get_distribution, is_auto
 
 EXAMPLE_WORKERS: dict[str, dict[str, float]] = {
     "cpu-0": {"CPU": 1}, "cpu-1": {"CPU": 1}, "gpu-0": {"CPU": 1, "GPU": 1}}
@@ -183,7 +183,7 @@ def render_iteration(graph_path: str, distribution: str | None, out: str | Path,
     """
     out = Path(out)
     fmt = out.suffix.lstrip(".").lower()
-    if distribution is not None and distribution.strip().lower() == "auto":
+    if is_auto(distribution):
         raise ValueError("--distribution auto is chosen on a cluster when a run starts: "
                          "draw one of the distributions it may pick (daskrl train --help "
                          "names them)")

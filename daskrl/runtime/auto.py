@@ -41,14 +41,16 @@ from typing import Any
 
 from daskrl.core.algorithm import Algorithm
 from daskrl.core.failures import FragmentError, RunStopped
-from daskrl.distributions import KINDS, Distribution, Unsupported, get_distribution
+from daskrl.distributions import (
+    KINDS,
+    Distribution,
+    Unsupported,
+    get_distribution,
+)
 from daskrl.distributions.base import parse_spec
 from daskrl.runtime.checkpoint import load_latest
 from daskrl.runtime.engine import Backend
 from daskrl.runtime.settings import RunSettings
-
-AUTO = "auto"
-"""The ``--distribution`` value that asks for a probe."""
 
 NOISE = 0.05
 """Rates within this share of the best count as equal: the graph's own distribution (or
@@ -101,17 +103,6 @@ class Probe:
                 "skipped": self.skipped, "learning": self.learning}
 
 
-def is_auto(spec: str | None) -> bool:
-    """Whether ``spec`` asks for :data:`AUTO`.
-
-    Examples
-    --------
-    >>> is_auto("auto"), is_auto("Auto"), is_auto("single"), is_auto(None)
-    (True, True, False, False)
-    """
-    return spec is not None and spec.strip().lower() == AUTO
-
-
 def refuse_deterministic(deterministic: bool) -> None:
     """One line refusing ``auto`` under ``--deterministic``.
 
@@ -155,6 +146,22 @@ def candidates(algo: Algorithm) -> tuple[list[str], dict[str, str]]:
             continue
         usable.append(spec)
     return usable, refused
+
+
+def sizing(algo: Algorithm) -> Distribution:
+    """The candidate that wants the most workers: what an embedded cluster is sized for
+    before the probe picks (the probe runs on the cluster the run gets).
+
+    Examples
+    --------
+    >>> from daskrl.core.script import load_graph
+    >>> ppo = load_graph("graphs/ppo.py")
+    >>> sizing(ppo.build(ppo.Config(num_actors=2))).workers_wanted(
+    ...     ppo.build(ppo.Config(num_actors=2)))
+    2
+    """
+    return max((get_distribution(s) for s in candidates(algo)[0]),
+               key=lambda d: d.workers_wanted(algo))
 
 
 def steady_rate(rows: Sequence[Mapping[str, float]]) -> float | None:

@@ -178,11 +178,11 @@ class RunLoop:
         """Submit the graph of the next iterations, chained on the one before; before a
         re-plan, one iteration whose output carries the learner's full state (an off-policy
         learner's replay too), as a checkpoint's does."""
-        count = min(self.size.count, self.total - self.next)
+        self.closing = self.replan_reason is not None  # only when it drains to re-plan
+        count = 1 if self.closing else min(self.size.count, self.total - self.next)
         inputs = self._inputs(self.next, count)
-        if self.replan_reason is not None:  # only when it drains (_drains_to_replan)
-            inputs = dataclasses.replace(self._inputs(self.next, 1), checkpoint=True)
-            count, self.closing = 1, True
+        if self.closing:
+            inputs = dataclasses.replace(inputs, checkpoint=True)
         graph = self.distribution.iteration(inputs)
         handle = self.backend.submit(graph)
         if self.next == self.first:
