@@ -108,3 +108,16 @@ def test_summary_names_the_best_evaluation_and_a_final_policy_that_forgot(
                    "--best)"]
     evals.best = None
     assert evals.forgetting(21.7) == {}
+
+
+def test_evaluations_are_recorded_while_the_run_trains(cluster_gpu_client, cluster_tiny_ppo,
+                                                       tmp_path):
+    """A finished evaluation goes into the next iteration's row, not all of them at the
+    end: a pruner (``daskrl sweep --search``) and the dashboard read them mid-run."""
+    algo = cluster_tiny_ppo(num_actors=1, env_step_sleep=0.004)  # ~0.13 s per iteration
+    train(DaskBackend(cluster_gpu_client), algo, get_distribution("actors-learner"),
+          _settings(tmp_path, algo, 24))
+    evals = [r for r in _rows(tmp_path) if r["eval_iteration"]]
+    during = [r for r in evals if r["iteration"] and int(r["iteration"]) < 24]
+    assert len(evals) == 12 and len(during) >= 6, [
+        (r["iteration"], r["eval_iteration"]) for r in evals]

@@ -126,8 +126,10 @@ class DaskBackend:
         return {worker_id(w["name"], addr): addr for addr, w in info.items()}
 
     def done(self, handle: Handle, timeout: float) -> bool:
-        """``distributed.wait`` with a timeout."""
+        """``distributed.wait`` with a timeout; with none (0), whether it is done now."""
         self._check_connected()
+        if timeout <= 0:  # wait(timeout=0) times out even on a finished future
+            return handle.status in ("finished", "error", "cancelled")
         try:
             wait(handle, timeout=timeout)
         except TimeoutError:
