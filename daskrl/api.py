@@ -165,7 +165,7 @@ class Run:
 
         return load_policy(self.out, deterministic=deterministic, best=best)
 
-    def stop(self, timeout: float | None = None) -> Run:
+    def stop(self, timeout: float | None = None, wait: bool = True) -> Run:
         """End the run with a checkpoint of its last finished iteration; it can go on later
         with ``daskrl.train(..., out=run.out, resume=True)`` (or ``daskrl train ... --out
         OUT --resume``).
@@ -173,10 +173,11 @@ class Run:
         The run notices the stop within a second wherever it waits: on an iteration, on the
         final evaluation, or before its first iteration. Raises ``TimeoutError`` when it
         still runs after ``timeout`` seconds (a task or checkpoint in progress); the stop
-        stays asked for, so a later :meth:`result` returns once it ends.
+        stays asked for, so a later :meth:`result` returns once it ends. ``wait=False``
+        asks and returns at once.
         """
         self._stop.set()
-        if self._thread is not None:
+        if wait and self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 raise TimeoutError(f"run {self.out} was asked to stop but still runs after "
@@ -205,7 +206,8 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
           checkpoint_every: int = 10, eval_every: int = 0, evaluate: bool = True,
           deterministic: bool = False,
           resources: Mapping[str, Resources | str] | None = None,
-          adapt: tuple[int, int] | None = None, **config: Any) -> Run:
+          adapt: tuple[int, int] | None = None, pause_at: int | None = None,
+          **config: Any) -> Run:
     """Train a graph script (its path or module) or an :class:`~daskrl.Algorithm`.
 
     Parameters
@@ -250,6 +252,11 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         ``(MIN, MAX)`` workers of the embedded cluster, sized by the run through Dask's
         adaptive scaling (:mod:`daskrl.cluster.elastic`; ``summary["adapt"]``); not with
         ``client`` (call your cluster's own ``adapt``) nor ``deterministic``.
+    pause_at : int, optional
+        Pause after this iteration (counted from the run's start): the run ends with a
+        checkpoint and its evaluation, its learning-rate schedule laid out for all
+        ``steps``; ``resume=True`` with the same ``steps`` goes on from there (how
+        population-based training trains its members in rounds).
     **config
         The graph's ``Config`` fields, e.g. ``num_envs=8``.
 
@@ -281,7 +288,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     >>> run.summary["eval_return_mean"], run.metrics["episode_return_mean"].iloc[-1]
     ... # doctest: +SKIP
     """
-    algo, graph, settings_meta = _algorithm(graph_or_algorithm, config)
+    algo, graph, settings_meta = algorithm_of(graph_or_algorithm, config)
     if resources:
         algo = algo.with_resources(_role_resources(resources))
     auto = isinstance(distribution, str) and is_auto(distribution)
@@ -296,6 +303,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     settings = RunSettings(out=folder, steps=steps, seed=seed, progress=progress,
                            resume=resume, checkpoint_every=checkpoint_every,
                            eval_every=eval_every, eval=evaluate, deterministic=deterministic,
+                           pause_at=pause_at,
                            meta={"graph": graph or algo.name, "config": settings_meta})
     elastic = None
     try:
@@ -375,7 +383,7 @@ def _role_resources(resources: Mapping[str, Resources | str]) -> dict[str, Resou
     return out
 
 
-def _algorithm(what: Any, config: dict[str, Any]) -> tuple[Algorithm, str | None, dict]:
+def algorithm_of(what: Any, config: dict[str, Any]) -> tuple[Algorithm, str | None, dict]:
     """The algorithm to train, the graph script it came from, and its config as a dict."""
     if isinstance(what, Algorithm):
         if config:

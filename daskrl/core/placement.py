@@ -67,6 +67,7 @@ class Placement:
 def plan_placement(
     fragments: Sequence[Fragment],
     workers: Mapping[str, Mapping[str, float]],
+    busy: Mapping[str, int] | None = None,
 ) -> Placement:
     """Assign each fragment's replicas to workers that offer its resources.
 
@@ -86,6 +87,9 @@ def plan_placement(
     fragments : sequence of Fragment
         One per role, with its resources and replica count.
     workers : mapping of worker name to its advertised resources
+    busy : mapping of worker name to a count, optional
+        Replicas other runs hold on each worker: among the workers that fit, the less busy
+        come first (:mod:`daskrl.runtime.occupancy`); None: by name.
 
     Raises
     ------
@@ -121,7 +125,8 @@ def plan_placement(
                 f"start a worker with `dask worker --resources \"KEY=N\"`, or change the "
                 f"fragment's resources with --resources {role}=KEY:N"
             ) from None
-        fits = sorted(n for n, r in workers.items() if use.satisfied_by(r))
+        fits = sorted((n for n, r in workers.items() if use.satisfied_by(r)),
+                      key=lambda n: ((busy or {}).get(n, 0), n))
         if not use.gpu:
             no_gpu = [n for n in fits if not workers[n].get("GPU")]
             fits = no_gpu or fits

@@ -130,6 +130,10 @@ class Timeline:
         self.backend, self.run = backend, run
         self.records: list[Mapping[str, Any]] = []
         self.prev_end: float | None = None
+        self.compute_s = 0.0
+        """Seconds this run's tasks computed on workers so far, summed over tasks (its
+        CPU-seconds where each task runs one thread); from the task stream, or the tasks'
+        own clocks without one."""
         try:
             self.cursor: int | None = backend.task_stream(None)[0]
         except Exception:  # noqa: BLE001 - a scheduler without the task-stream cursor
@@ -143,7 +147,10 @@ class Timeline:
         except Exception:  # noqa: BLE001 - profiling must never stop a run
             self.cursor, new = None, []
         mine = of_runs([self.run])
-        self.records += [r for r in new if mine(r.get("key", ""))]
+        new = [r for r in new if mine(r.get("key", ""))]
+        self.compute_s += sum(ss["stop"] - ss["start"] for r in new
+                              for ss in r.get("startstops", ()) if ss["action"] == "compute")
+        self.records += new
 
     def split(self, iteration: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         """The parts of iteration ``iteration`` (0-based) and ``time/iteration_s``.
@@ -152,6 +159,8 @@ class Timeline:
         ``learn_s``, ``iteration_s``).
         """
         self._fetch()
+        if self.cursor is None:
+            self.compute_s += finite(metrics.get("rollout_s")) + finite(metrics.get("learn_s"))
         window = self._window(iteration)
         if window is None:  # no record of this learner task: the tasks' own clocks
             self.prev_end, self.records = None, self.records[-10_000:]

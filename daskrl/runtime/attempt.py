@@ -23,6 +23,7 @@ from daskrl.core.fragment import Fragment
 from daskrl.core.placement import Placement, plan_placement
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.runtime.engine import Backend, Handle
+from daskrl.runtime.occupancy import place_claimed
 from daskrl.runtime.settings import RunSettings
 
 
@@ -44,8 +45,12 @@ LOST = (CancelledError, FutureCancelledError, KilledWorker, NoValidWorkerError, 
 """What a lost worker looks like to the driver: the iteration is submitted again."""
 
 
-def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Placement:
+def place(backend: Backend, algo: Algorithm, distribution: Distribution,
+          token: str | None = None) -> Placement:
     """Check every fragment's resources against the workers and pin replicas to names.
+
+    ``token`` names the run: its placement prefers workers that other runs training from
+    this process hold fewer replicas on (:mod:`daskrl.runtime.occupancy`).
 
     Raises ``ValueError`` when the workers cannot host the fragments, or when the
     distribution's own conditions (``check_placement``) refuse the placement.
@@ -62,7 +67,10 @@ def place(backend: Backend, algo: Algorithm, distribution: Distribution) -> Plac
     if "evaluate" not in {f.role for f in fragments}:
         fragments.append(Fragment(roles.evaluate, "evaluate", algo.resources_for("evaluate")))
     offered = backend.workers(fragments)
-    placement = plan_placement(fragments, offered)
+    if token is None or backend.name == "sync":
+        placement = plan_placement(fragments, offered)
+    else:
+        placement = place_claimed(token, lambda busy: plan_placement(fragments, offered, busy))
     distribution.check_placement(placement, algo)
     if backend.name != "sync":  # one process running every task in turn holds nothing at once
         distribution.check_capacity(placement, offered, algo)

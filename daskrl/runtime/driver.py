@@ -26,7 +26,7 @@ from daskrl.core.failures import (
     failure,
     save_failure,
 )
-from daskrl.core.placement import task
+from daskrl.core.placement import Placement, task
 from daskrl.core.weights import weights_sha256
 from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
@@ -40,6 +40,7 @@ from daskrl.runtime.dask_backend import DaskBackend
 from daskrl.runtime.determinism import NUMERICS, determinism_record, warn_unpinned_numerics
 from daskrl.runtime.engine import Backend
 from daskrl.runtime.memory import check_memory
+from daskrl.runtime.occupancy import release
 from daskrl.runtime.recorder import Recorder
 from daskrl.runtime.run_loop import Attempt, RunLoop, place
 from daskrl.runtime.settings import RunSettings, check_settings
@@ -189,7 +190,19 @@ def train(
     start, first, counters = initial_output(algo, settings)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, settings.meta)
-    placement = place(backend, algo, distribution)
+    token = str(out.resolve())  # this run's claim on workers, until it ends (occupancy)
+    try:
+        return _train_placed(backend, algo, distribution, settings,
+                             place(backend, algo, distribution, token), start, first, counters)
+    finally:
+        release(token)
+
+
+def _train_placed(backend: Backend, algo: Algorithm, distribution: Distribution,
+                  settings: RunSettings, placement: Placement, start: LearnerOutput,
+                  first: int, counters: dict) -> dict[str, Any]:
+    """:func:`train` once the fragments are placed."""
+    out = settings.out
     check_memory(backend, algo, distribution, placement)  # refuse what would not fit
     if settings.deterministic:
         warn_unpinned_numerics(backend.worker_environ(NUMERICS))
@@ -295,6 +308,7 @@ def _summary(settings: RunSettings, algo: Algorithm, distribution: Distribution,
         "wall_s": wall,
         "env_steps_per_s": recorder.env_steps / wall if wall > 0 else 0.0,
         "dask_overhead_share": recorder.overhead_share(),
+        "task_compute_s": recorder.compute_s(),
         "final_episode_return_mean": last_done.metrics.get("episode_return_mean", float("nan")),
         "placement": {role: list(names)
                       for role, names in loop.attempt.placement.workers.items()},

@@ -54,7 +54,9 @@ class Recorder:
                                     tensorboard=tensorboard)
         self.env_steps = int(counters.get("env_steps", 0))
         self.wall_before = float(counters.get("wall_s", 0.0))
-        self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before}
+        self.compute_before = float(counters.get("task_compute_s", 0.0))
+        self.counters = {"env_steps": self.env_steps, "wall_s": self.wall_before,
+                         "task_compute_s": self.compute_before}
         self.bar = _progress(progress, total, start)
         self.start = start
         self.attached: dict[str, Any] = {}  # columns for the next row (a periodic evaluation)
@@ -116,8 +118,16 @@ class Recorder:
                    learn_s=end - m.get("learn_t_start", end))
         if m.get("agent_steps") and iter_s > 0:  # multi-agent: rate with Dask's gaps included
             row["agent_steps_per_s_wall"] = m["agent_steps"] / iter_s
-        self.counters = {"env_steps": self.env_steps, "wall_s": wall}
+        self.counters = {"env_steps": self.env_steps, "wall_s": wall,
+                         "task_compute_s": self.compute_s()}
         return row
+
+    def compute_s(self) -> float:
+        """Seconds the run's tasks computed on workers, summed over tasks and carried over
+        resumes (:attr:`~daskrl.observe.timeline.Timeline.compute_s`); its CPU-seconds where
+        each task runs one thread, as a role's default CPU grant has it."""
+        done = self.timeline.compute_s if self.timeline is not None else 0.0
+        return self.compute_before + done
 
     def attach(self, values: dict[str, Any]) -> None:
         """Add ``values`` (an evaluation that finished meanwhile) to the next row written;

@@ -102,6 +102,7 @@ class RunLoop:
                  start: LearnerOutput, first: int, total: int) -> None:
         self.backend, self.algo, self.distribution = backend, algo, distribution
         self.settings, self.recorder = settings, recorder
+        self.token = str(settings.out.resolve())  # its claim on workers (runtime.occupancy)
         self.attempt = attempt
         self.earlier: list[str] = []  # run ids of attempts lost with a worker
         self.size = TaskSize(attempt.cap, settings.task_s)
@@ -160,13 +161,18 @@ class RunLoop:
         depth = max(1, self.settings.lookahead)
         if self.next >= self.total or len(self.inflight) >= self.size.window(depth):
             return False
-        if self._time_is_up():
+        if self._time_is_up() or self.next >= self._pause():
             self.total = self.next  # a shorter run: it ends with the graphs in flight
             return False
         if self.closing:  # a re-plan waits for the graphs in flight
             return False
         # A chain at its length waits to drain, then restarts from the driver's copy.
         return not self.inflight or self.linked < max(depth, self.settings.chain)
+
+    def _pause(self) -> int:
+        """The iteration the run pauses after (``pause_at``), or its last."""
+        pause = self.settings.pause_at
+        return self.total if pause is None else min(self.total, pause)
 
     def _time_is_up(self) -> bool:
         """Whether ``stop_after_s`` has passed since the first graph was recorded."""
@@ -179,7 +185,7 @@ class RunLoop:
         re-plan, one iteration whose output carries the learner's full state (an off-policy
         learner's replay too), as a checkpoint's does."""
         self.closing = self.replan_reason is not None  # only when it drains to re-plan
-        count = 1 if self.closing else min(self.size.count, self.total - self.next)
+        count = 1 if self.closing else min(self.size.count, self._pause() - self.next)
         inputs = self._inputs(self.next, count)
         if self.closing:
             inputs = dataclasses.replace(inputs, checkpoint=True)
@@ -194,11 +200,12 @@ class RunLoop:
 
     def _inputs(self, iteration: int, count: int) -> IterationInputs:
         s = self.settings
+        last = iteration + count >= self._pause()  # its output carries the full state
         return IterationInputs(self.algo, self.attempt.placement, self.attempt.run, s.seed,
                                iteration, self.total, self.learner_in, s.deterministic,
                                s.env_retries, count, schedule=s.schedule,
                                checkpoint=(iteration + count) // s.checkpoint_every
-                               > iteration // s.checkpoint_every or iteration + count >= self.total)
+                               > iteration // s.checkpoint_every or last)
 
     # ------------------------------------------------------------------ WAITING
 
@@ -290,7 +297,7 @@ class RunLoop:
         if not joined or self.next >= self.total:
             return
         try:
-            placement = place(self.backend, self.algo, self.distribution)
+            placement = place(self.backend, self.algo, self.distribution, self.token)
         except ValueError:  # the new workers cannot host anything of this run
             return
         if placement.workers == self.attempt.placement.workers:
@@ -317,7 +324,8 @@ class RunLoop:
         if self.next >= self.total:
             return
         try:
-            placement: Placement | None = place(self.backend, self.algo, self.distribution)
+            placement: Placement | None = place(self.backend, self.algo, self.distribution,
+                                                self.token)
         except ValueError:  # a worker left meanwhile: the loss is handled where it is seen
             placement = None
         moves = placement_moves(self.attempt.placement, placement) if placement else []
@@ -380,7 +388,7 @@ class RunLoop:
         while True:
             cursor = membership.cursor()
             try:
-                return place(self.backend, self.algo, self.distribution)
+                return place(self.backend, self.algo, self.distribution, self.token)
             except ValueError as exc:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -65,6 +65,11 @@ class RunSettings:
     """Seconds after the first iteration finishes past which no further iteration is
     submitted: the run ends, as a shorter run, once those in flight are recorded (None: it
     trains all its steps). ``--distribution auto`` bounds its probes with it."""
+    pause_at: int | None = None
+    """Iteration (counted from the run's start) after which the run pauses: it ends with a
+    checkpoint of that iteration and its evaluation, its learning-rate schedule laid out for
+    all ``steps``, so a resume with the same ``steps`` goes on as if it had not stopped
+    (population-based training trains its members in such rounds). None: no pause."""
     schedule: tuple[int, float] = (0, 0.0)
     """``(iteration, progress)`` the learning-rate schedule goes on from; the driver sets it
     on a resume that changes the run's length (:func:`~daskrl.runtime.driver.schedule_start`),
@@ -94,6 +99,8 @@ def check_settings(settings: RunSettings) -> None:
         raise ValueError(f"--checkpoint-every must be >= 1, got {settings.checkpoint_every}")
     if settings.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {settings.steps}")
+    if settings.pause_at is not None and settings.pause_at < 1:
+        raise ValueError(f"pause_at must be >= 1 iteration, got {settings.pause_at}")
     if settings.env_retries < 0:
         raise ValueError(f"--env-retries must be >= 0, got {settings.env_retries}")
     if settings.task_timeout is not None and not settings.task_timeout > 0:
