@@ -10,6 +10,11 @@ the same memory). Runs beyond :attr:`Board.max_runs` are dropped oldest first, e
 before running ones. The broker keeps its own log of the topic, bounded by Dask's
 ``distributed.admin.low-level-log-length``.
 
+A sweep (many runs of one graph on one cluster) sends its whole table of trials on the same
+topic, each time a trial changes state and every few seconds
+(:func:`~daskrl.observe.board_feed.sweep_message`): the board keeps each sweep's latest
+table only, at most :attr:`Board.max_runs` sweeps, dropped like the runs.
+
 The page and its JSON (:mod:`daskrl.observe.board_routes`) and the Prometheus gauges on
 ``/metrics`` (:mod:`daskrl.observe.board_metrics`) read the board; nothing else is kept.
 
@@ -31,8 +36,9 @@ import bisect
 import json
 import math
 import numbers
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 TOPIC = "daskrl-board"
@@ -67,6 +73,11 @@ CURVES = ("episode_return_mean", "env_steps_per_s", "policy_lag", "learner_busy"
 STATUSES = ("running", "finished", "stopped", "failed")
 """What a run can be: its driver sends the last three as it ends."""
 
+TRIAL_STATES = ("pending", "running", "paused", "finished", "failed", "pruned", "stopped")
+"""What a sweep's trial can be (:func:`~daskrl.observe.board_feed.sweep_message`)."""
+
+_ACTIVE = ("pending", "running", "paused")  # a sweep with such a trial has not ended
+
 
 def figures(row: Mapping[str, Any]) -> dict[str, float]:
     """The :data:`FIGURES` of a ``metrics.csv`` row, as floats (missing and NaN left out).
@@ -85,6 +96,34 @@ def figures(row: Mapping[str, Any]) -> dict[str, float]:
     shards = [float(v) for k, v in row.items() if k.startswith("replay_size/") and _finite(v)]
     if "replay_size" not in out and shards:
         out["replay_size"] = sum(shards)
+    return out
+
+
+def scalars(values: Mapping[str, Any]) -> dict[str, str | int | float | bool | None]:
+    """The strings, numbers and Nones of ``values``, JSON-ready: numpy's scalars as Python's,
+    a non-finite float as None, a path as a string; anything else is left out.
+
+    A sweep's message is cleaned with it where it is made and again where the board takes
+    it: one NaN would make the page's JSON invalid (:meth:`Board.as_text`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> scalars({"steps": np.int64(4096), "return": float("nan"), "lr": np.float32(0.5),
+    ...          "out": Path("/runs/a"), "run": None, "params": {"lr": 0.5}})
+    {'steps': 4096, 'return': None, 'lr': 0.5, 'out': '/runs/a', 'run': None}
+    """
+    out: dict[str, str | int | float | bool | None] = {}
+    for key, value in values.items():
+        if value is None or isinstance(value, (str, bool)):
+            out[str(key)] = value
+        elif isinstance(value, numbers.Integral):
+            out[str(key)] = int(value)
+        elif isinstance(value, numbers.Real):
+            out[str(key)] = float(value) if math.isfinite(value) else None
+        elif isinstance(value, os.PathLike):
+            out[str(key)] = os.fspath(value)
     return out
 
 
@@ -189,7 +228,8 @@ def _clean(values: Mapping[str, float]) -> dict[str, float | None]:
 
 
 class Board:
-    """The runs of one scheduler, keyed by run id (see the module notes).
+    """The runs of one scheduler, keyed by run id, and its sweeps, keyed by sweep id (see
+    the module notes).
 
     Its state is read and changed on the scheduler's event loop, where the events arrive
     and the page's requests are answered, so it takes no lock.
@@ -199,18 +239,33 @@ class Board:
     keep : int
         Points per curve of one run (and evaluations per run).
     max_runs : int
-        Runs held; beyond it the one updated longest ago goes, ended ones first.
+        Runs held; beyond it the one updated longest ago goes, ended ones first. Sweeps
+        held, the same way (a sweep has ended when none of its trials is pending or running).
+
+    Examples
+    --------
+    >>> board = Board(max_runs=2)
+    >>> for sweep in ("s1", "s2", "s1", "s3"):
+    ...     board.take({"kind": "sweep", "sweep": sweep, "name": f"grid-{sweep}",
+    ...                 "trials": [{"name": "t000", "state": "running", "env_steps": 64}]})
+    >>> [s["sweep"] for s in board.as_json()["sweeps"]]  # s2 was heard from longest ago
+    ['s3', 's1']
     """
 
     def __init__(self, keep: int = 500, max_runs: int = 64) -> None:
         self.keep, self.max_runs = keep, max_runs
         self.runs: dict[str, RunTrack] = {}
+        self.sweeps: dict[str, dict[str, Any]] = {}  # sweep id -> its latest message
         self.version = 0  # counts changes: the JSON is serialised once per change
         self.ignored = 0  # malformed messages (a driver of another daskrl version)
         self._text: tuple[int, str] | None = None  # (version, JSON) of the last as_text
 
     def take(self, msg: Any) -> None:
-        """Take one message of :data:`TOPIC`: a run's ``start``, ``row`` or ``end``."""
+        """Take one message of :data:`TOPIC`: a run's ``start``, ``row`` or ``end``, or a
+        sweep's table (``kind`` ``sweep``)."""
+        if isinstance(msg, Mapping) and msg.get("kind") == "sweep":
+            self._take_sweep(msg)
+            return
         if not isinstance(msg, Mapping) or not isinstance(msg.get("run"), str):
             self.ignored += 1
             return
@@ -228,6 +283,25 @@ class Board:
         else:
             self.ignored += 1
 
+    def _take_sweep(self, msg: Mapping[str, Any]) -> None:
+        """Keep a sweep's message in place of its last one (it is the whole table), cleaned
+        (:func:`scalars`) and stamped ``received`` on the scheduler's clock."""
+        sweep, trials = msg.get("sweep"), msg.get("trials")
+        if (not isinstance(sweep, str) or not isinstance(trials, Sequence)
+                or isinstance(trials, str) or not all(isinstance(t, Mapping) for t in trials)):
+            self.ignored += 1
+            return
+        self.version += 1
+        # a known sweep keeps its place (the page's order); a new one pushes out another
+        self.sweeps[sweep] = {**scalars(msg), "trials": [scalars(t) for t in trials],
+                              "received": time.time()}
+        others = [s for s in self.sweeps.values() if s["sweep"] != sweep]
+        while others and len(self.sweeps) > self.max_runs:
+            oldest = min(others, key=lambda s: (
+                any(t.get("state") in _ACTIVE for t in s["trials"]), s["received"]))
+            others.remove(oldest)
+            del self.sweeps[oldest["sweep"]]
+
     def _track(self, run: str) -> RunTrack:
         track = self.runs.get(run)
         if track is None:
@@ -239,13 +313,16 @@ class Board:
         return track
 
     def as_json(self) -> dict[str, Any]:
-        """Every run, newest first, for the page (see :meth:`RunTrack.as_json`)."""
+        """Every run, newest first, for the page (see :meth:`RunTrack.as_json`), and every
+        sweep's latest message, newest first (the one first heard from last), with
+        ``received``: when the scheduler took it, on its clock."""
         tracks = sorted(self.runs.values(), key=lambda t: t.started, reverse=True)
-        return {"version": self.version, "runs": [t.as_json() for t in tracks]}
+        return {"version": self.version, "runs": [t.as_json() for t in tracks],
+                "sweeps": list(reversed(self.sweeps.values()))}
 
     def as_text(self) -> str:
-        """:meth:`as_json` as JSON text, serialised once per change (however many pages
-        ask for it) and kept until the next."""
+        """:meth:`as_json` as JSON text (runs and sweeps), serialised once per change
+        (however many pages ask for it) and kept until the next."""
         if self._text is None or self._text[0] != self.version:
             self._text = (self.version, json.dumps(self.as_json(), allow_nan=False))
         return self._text[1]

@@ -7,6 +7,8 @@
 the driver never waits for the scheduler, and a scheduler that does not answer costs the
 run nothing but its page: the first failure is reported once on stderr, and what waits to
 be sent is bounded (:attr:`RunFeed.pending`, oldest dropped first).
+
+A sweep sends its table of trials on the same topic, as :func:`sweep_message` makes it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from daskrl.observe.board import ROUTES, TOPIC, figures
+from daskrl.observe.board import ROUTES, TOPIC, figures, scalars
 
 
 class RunFeed:
@@ -93,6 +95,48 @@ class RunFeed:
                     print(f"daskrl: the run's page on the dashboard stopped updating: the "
                           f"scheduler did not take its metrics ({type(exc).__name__}: {exc})",
                           file=sys.stderr)
+
+
+def sweep_message(sweep: str, meta: Mapping[str, Any],
+                  trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A sweep's message for the board: its whole table of trials, which replaces the last
+    one the board holds for ``sweep`` (send it with ``publish(TOPIC, message)``).
+
+    Parameters
+    ----------
+    sweep : str
+        The sweep id: the board keys the sweep by it.
+    meta : dict
+        ``name`` (the sweep's folder name), ``out`` (its path) and ``mode`` (``seeds``,
+        ``grid``, ``search`` or ``pbt``); its strings and numbers are sent.
+    trials : list of dict
+        One per trial: ``name``, ``state`` (one of
+        :data:`~daskrl.observe.board.TRIAL_STATES`), ``env_steps``, ``steps`` (its
+        target), ``return`` (the latest ``episode_return_mean``), ``eval_return`` and
+        ``run`` (the run id, or None before it starts). Strings, numbers and Nones are sent,
+        numpy's scalars as Python's and a NaN or infinity as None
+        (:func:`~daskrl.observe.board.scalars`).
+
+    Returns
+    -------
+    dict
+        ``{"kind": "sweep", "sweep": sweep, "name", "out", "mode", "updated": time.time(),
+        "trials": [...]}``.
+
+    Examples
+    --------
+    >>> msg = sweep_message("5f3a9c1e", {"name": "lr-grid", "out": "/runs/lr-grid",
+    ...                                  "mode": "grid"},
+    ...                     [{"name": "t000-lr=0.001", "state": "running", "env_steps": 512,
+    ...                       "steps": 4096, "return": float("nan"), "eval_return": None,
+    ...                       "run": "ab12cd34"}])
+    >>> msg["kind"], msg["sweep"], msg["name"], msg["mode"]
+    ('sweep', '5f3a9c1e', 'lr-grid', 'grid')
+    >>> msg["trials"][0]["return"], msg["trials"][0]["env_steps"]
+    (None, 512)
+    """
+    return {**scalars(meta), "kind": "sweep", "sweep": sweep, "updated": time.time(),
+            "trials": [scalars(trial) for trial in trials]}
 
 
 def page_line(dashboard_link: str, timeout: float = 2.0) -> str:

@@ -13,7 +13,10 @@ names one run whichever scheduler holds it. Without the ``prometheus_client`` pa
 
 Every gauge is labelled ``run`` (the run id the page shows); ``daskrl_run_info`` carries
 the run's name (its output folder), graph and distribution, ``daskrl_run_status`` is 1
-for the status it has and 0 for the others.
+for the status it has and 0 for the others. A sweep's trials are counted by state in
+``daskrl_sweep_trials``, labelled ``sweep`` (the sweep id, as ``run`` is the run id),
+``name`` (its folder) and ``state`` (every state of
+:data:`~daskrl.observe.board.TRIAL_STATES`, 0 included).
 
 Examples
 --------
@@ -27,12 +30,13 @@ Examples
 
 from __future__ import annotations
 
+import collections
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from daskrl.observe.board import PARTS, STATUSES, Board
+from daskrl.observe.board import PARTS, STATUSES, TRIAL_STATES, Board
 
 GAUGES = {
     "iteration": ("daskrl_iteration", "Iterations recorded (metrics.csv iteration)"),
@@ -76,6 +80,7 @@ def families(boards: Iterable[Board]) -> Iterator[Any]:
     those no run has a value for are left out."""
     from prometheus_client.core import GaugeMetricFamily
 
+    boards = list(boards)  # read twice: runs, then sweeps
     tracks = [t for board in boards for t in board.runs.values()]
     out = []
     for figure, (name, doc) in GAUGES.items():
@@ -104,7 +109,15 @@ def families(boards: Iterable[Board]) -> Iterator[Any]:
         for s in STATUSES:
             status.add_metric([t.run, s], float(t.status == s))
         updated.add_metric([t.run], t.updated)
-    out += [parts, info, status, updated]
+    trials = GaugeMetricFamily("daskrl_sweep_trials", "Trials of the sweep in each state",
+                               labels=["sweep", "name", "state"])
+    for sweep in (s for board in boards for s in board.sweeps.values()):
+        counts = collections.Counter(str(t.get("state")) for t in sweep["trials"])
+        # every known state, 0 included, so a state's series does not come and go
+        for state in (*TRIAL_STATES, *sorted(set(counts) - set(TRIAL_STATES))):
+            trials.add_metric([sweep["sweep"], str(sweep.get("name", "")), state],
+                              float(counts[state]))
+    out += [parts, info, status, updated, trials]
     yield from (family for family in out if family.samples)
 
 

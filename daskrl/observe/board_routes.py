@@ -6,7 +6,9 @@ Serves, on the scheduler's own HTTP server (the dashboard's address, nothing new
     A page with one row per run (its latest figures, the split of its latest iteration's
     time) and the curves of every run over env steps: return (evaluations as dots),
     env-steps/s, and policy lag, learner busy and replay size where the distribution
-    records them. It asks for ``/daskrl/runs.json`` every second (``?every=S`` changes it).
+    records them. Above them, once a sweep has reported, one table per sweep: each trial's
+    state, env steps of its target, latest return and eval return. It asks for
+    ``/daskrl/runs.json`` every second (``?every=S`` changes it).
 ``/daskrl/runs.json``
     What the scheduler's :class:`~daskrl.observe.board.Board` holds
     (:meth:`~daskrl.observe.board.Board.as_json`).
@@ -62,7 +64,8 @@ class RunsJSON(_OnScheduler):
     def get(self) -> None:
         board = self.board()
         body = (board.as_text() if board is not None
-                else json.dumps({"version": 0, "runs": [], "note": MISSING}))
+                else json.dumps({"version": 0, "runs": [], "sweeps": [],
+                                   "note": MISSING}))
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
         self.write(f'{{"now": {time.time()!r}, "board": {body}}}')
