@@ -26,6 +26,7 @@ from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import ppo_loss
 from daskrl.algos.offpolicy import optimizer_state
 from daskrl.algos.ppo import explained_variance
+from daskrl.algos.seeding import seeded_init
 from daskrl.core.algorithm import UpdatePlan
 
 from .activations import swap_tanh
@@ -153,23 +154,23 @@ class MAPPOLearner(GradientUpdate):
 
     def __init__(self, layout: TeamLayout, model: ModelSpec, hp: MAPPOHyper, seed: int,
                  device: str = "cpu") -> None:
-        torch.manual_seed(seed)
-        self.layout, self.hp, self.device = layout, hp, device
-        self.model = MAPPOModel(layout, model).to(device)
-        names = hp.trained_teams if hp.trained_teams is not None else layout.names
-        self.teams = sorted(layout.team_index(n) for n in names)
-        if not self.teams:
-            raise ValueError("no team to train: leave at least one team out of random_teams")
-        self.groups = self.model.parameter_groups(self.teams)
-        self.params = [p for g in self.groups for p in g]
-        self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
-                                          fused=True)
-        self.generator = torch.Generator().manual_seed(seed)
-        self._losses = self.team_losses
-        if hp.compile:
-            for net in [*self.model.actors, *self.model.critics]:
-                swap_tanh(net, nn.Tanh)  # inductor's own tanh is fast; no custom backward
-            self._losses = torch.compile(self.team_losses)
+        with seeded_init(seed):  # weights from the seed alone (algos.seeding)
+            self.layout, self.hp, self.device = layout, hp, device
+            self.model = MAPPOModel(layout, model).to(device)
+            names = hp.trained_teams if hp.trained_teams is not None else layout.names
+            self.teams = sorted(layout.team_index(n) for n in names)
+            if not self.teams:
+                raise ValueError("no team to train: leave at least one team out of random_teams")
+            self.groups = self.model.parameter_groups(self.teams)
+            self.params = [p for g in self.groups for p in g]
+            self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
+                                              fused=True)
+            self.generator = torch.Generator().manual_seed(seed)
+            self._losses = self.team_losses
+            if hp.compile:
+                for net in [*self.model.actors, *self.model.critics]:
+                    swap_tanh(net, nn.Tanh)  # inductor's own tanh is fast; no custom backward
+                self._losses = torch.compile(self.team_losses)
 
     def update_plan(self) -> UpdatePlan:
         """``update_epochs * num_minibatches`` steps, after merging :meth:`statistics`."""

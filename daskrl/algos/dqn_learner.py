@@ -35,6 +35,7 @@ from daskrl.algos.offpolicy import (
 from daskrl.algos.qnet import QNetwork, q_and_target
 from daskrl.algos.replay_buffers import importance_weights, make_replay
 from daskrl.algos.replay_learner import ReplayLearner
+from daskrl.algos.seeding import seeded_init
 
 Batch = dict[str, Any]
 FIELDS = ("obs", "actions", "rewards", "next_obs", "discounts")
@@ -94,15 +95,15 @@ class DQNLearner(ReplayLearner):
     def __init__(self, obs_dim: int, num_actions: int, seed: int,
                  hidden: tuple[int, ...] = (256, 256), hyper: DQNHyper = DQNHyper(),
                  device: str = "cpu") -> None:
-        torch.manual_seed(seed)
-        super().__init__(make_replay(hyper.buffer_size, hyper.prioritized_replay,
-                                     hyper.prioritized_replay_alpha, seed),
-                         hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
-        self.hyper, self.device = hyper, device
-        self.net = QNetwork(obs_dim, num_actions, hidden).to(device)
-        self.target = copy.deepcopy(self.net)
-        self.params = list(self.net.parameters())
-        self.optimizer = adam(self.params, hyper.learning_rate)
+        with seeded_init(seed):  # weights from the seed alone (algos.seeding)
+            super().__init__(make_replay(hyper.buffer_size, hyper.prioritized_replay,
+                                         hyper.prioritized_replay_alpha, seed),
+                             hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
+            self.hyper, self.device = hyper, device
+            self.net = QNetwork(obs_dim, num_actions, hidden).to(device)
+            self.target = copy.deepcopy(self.net)
+            self.params = list(self.net.parameters())
+            self.optimizer = adam(self.params, hyper.learning_rate)
 
     def schedule(self, progress: float) -> dict[str, float]:
         """Epsilon at ``progress`` (carried to the actors by the weights) and the learning

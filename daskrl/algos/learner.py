@@ -27,6 +27,7 @@ from daskrl.algos.losses import PPO_PARTS
 from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
 from daskrl.algos.offpolicy import optimizer_state
 from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
+from daskrl.algos.seeding import seeded_init
 from daskrl.core.algorithm import Batch, UpdatePlan
 
 Minibatch = dict[str, Tensor]
@@ -130,27 +131,27 @@ class ActorCriticLearner(GradientUpdate):
                  hidden: tuple[int, ...] = (64, 64), hp: PPOHyper | None = None,
                  device: str = "cpu", compile: bool = False,
                  network: Callable[[], nn.Module] | None = None, replicas: int = 1) -> None:
-        torch.manual_seed(seed)
-        self.hp = hp or PPOHyper()
-        self.device = device
-        net = network() if network is not None else DiscreteActorCritic(obs_dim, num_actions,
-                                                                          hidden)
-        self.net = net.to(device)
-        self.replicas = replicas
-        self.running = {name: rms for name, rms in (("obs", net.obs_rms), ("ret", net.ret_rms))
-                        if rms is not None}
-        """The network's running statistics, by the ``batch["moments"]`` key they merge."""
-        self._pending: dict[str, Moments] = {}
-        self.params = [p for p in self.net.parameters() if p.requires_grad]
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._optimizer_state: dict[str, Any] | None = None
-        self.generator = torch.Generator().manual_seed(seed)
-        self.loss: Callable[[Minibatch], tuple[Tensor, Tensor]] = self._loss
-        if compile:
-            self.loss = compiled(self._loss)
-        self.parts = PPO_PARTS
-        self._weights: dict[str, Tensor] | None = None
-        self._data: dict[str, Tensor] | None = None
+        with seeded_init(seed):  # weights from the seed alone (algos.seeding)
+            self.hp = hp or PPOHyper()
+            self.device = device
+            net = network() if network is not None else DiscreteActorCritic(obs_dim, num_actions,
+                                                                              hidden)
+            self.net = net.to(device)
+            self.replicas = replicas
+            self.running = {name: rms for name, rms in (("obs", net.obs_rms), ("ret", net.ret_rms))
+                            if rms is not None}
+            """The network's running statistics, by the ``batch["moments"]`` key they merge."""
+            self._pending: dict[str, Moments] = {}
+            self.params = [p for p in self.net.parameters() if p.requires_grad]
+            self._optimizer: torch.optim.Optimizer | None = None
+            self._optimizer_state: dict[str, Any] | None = None
+            self.generator = torch.Generator().manual_seed(seed)
+            self.loss: Callable[[Minibatch], tuple[Tensor, Tensor]] = self._loss
+            if compile:
+                self.loss = compiled(self._loss)
+            self.parts = PPO_PARTS
+            self._weights: dict[str, Tensor] | None = None
+            self._data: dict[str, Tensor] | None = None
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
 from daskrl.algos.offpolicy import TensorMeans, adam, cpu_copy, optimizer_state, polyak_
 from daskrl.algos.replay_buffers import make_replay
+from daskrl.algos.seeding import seeded_init
 from daskrl.algos.squashed_gaussian import SquashedGaussian
 
 Batch = dict[str, Any]
@@ -95,26 +96,26 @@ class SACLearner(BoxLearner):
     def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray, seed: int,
                  hidden: tuple[int, ...] = (256, 256), hyper: SACHyper = SACHyper(),
                  device: str = "cpu") -> None:
-        torch.manual_seed(seed)
-        super().__init__(make_replay(hyper.buffer_size, False, seed=seed), hyper.learning_starts,
-                         hyper.train_frequency, hyper.save_replay)
-        self.hyper, self.device = hyper, device
-        self.actor = SquashedGaussian(obs_dim, low, high, hidden).to(device)
-        self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
-        self.qf_target = copy.deepcopy(self.qf)
-        self.q_params = list(self.qf.parameters())
-        self.target_params = list(self.qf_target.parameters())
-        self.actor_params = list(self.actor.body.parameters())
-        self.q_optimizer = adam(self.q_params, hyper.q_lr)
-        self.actor_optimizer = adam(self.actor_params, hyper.policy_lr)
-        self.target_entropy = -float(len(low))
-        self.log_alpha = torch.zeros(1, requires_grad=True, device=device)
-        if not hyper.autotune:
-            self.log_alpha.data.fill_(math.log(hyper.alpha))
-        self.a_optimizer = adam([self.log_alpha], hyper.q_lr)
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-        """The update's own noise (on the learner's device, so a GPU resume is exact too):
-        torch's global generator is shared with every other task in the worker's process."""
+        with seeded_init(seed):  # weights from the seed alone (algos.seeding)
+            super().__init__(make_replay(hyper.buffer_size, False, seed=seed),
+                             hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
+            self.hyper, self.device = hyper, device
+            self.actor = SquashedGaussian(obs_dim, low, high, hidden).to(device)
+            self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
+            self.qf_target = copy.deepcopy(self.qf)
+            self.q_params = list(self.qf.parameters())
+            self.target_params = list(self.qf_target.parameters())
+            self.actor_params = list(self.actor.body.parameters())
+            self.q_optimizer = adam(self.q_params, hyper.q_lr)
+            self.actor_optimizer = adam(self.actor_params, hyper.policy_lr)
+            self.target_entropy = -float(len(low))
+            self.log_alpha = torch.zeros(1, requires_grad=True, device=device)
+            if not hyper.autotune:
+                self.log_alpha.data.fill_(math.log(hyper.alpha))
+            self.a_optimizer = adam([self.log_alpha], hyper.q_lr)
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+            """The update's own noise (on the learner's device, so a GPU resume is exact too):
+            torch's global generator is shared with every other task in the worker's process."""
 
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step; every ``policy_frequency`` steps as many actor (and temperature)

@@ -26,6 +26,7 @@ from daskrl.algos.layers import run_mlp
 from daskrl.algos.offpolicy import TensorMeans, adam, cpu_copy, optimizer_state, polyak_
 from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay_buffers import make_replay
+from daskrl.algos.seeding import seeded_init
 
 
 class DeterministicActor(nn.Module):
@@ -130,22 +131,22 @@ class TD3Learner(BoxLearner):
     def __init__(self, obs_dim: int, low: np.ndarray, high: np.ndarray, seed: int,
                  hidden: tuple[int, ...] = (400, 300), hyper: TD3Hyper = TD3Hyper(),
                  device: str = "cpu") -> None:
-        torch.manual_seed(seed)
-        super().__init__(make_replay(hyper.buffer_size, False, seed=seed),
-                         hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
-        self.hyper, self.device = hyper, device
-        self.actor = DeterministicActor(obs_dim, low, high, hidden).to(device)
-        self.actor_target = copy.deepcopy(self.actor)
-        self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
-        self.qf_target = copy.deepcopy(self.qf)
-        self.actor_params = list(self.actor.body.parameters())
-        self.q_params = list(self.qf.parameters())
-        self.targets = [*self.actor_target.body.parameters(), *self.qf_target.parameters()]
-        self.sources = [*self.actor_params, *self.q_params]
-        self.q_optimizer = adam(self.q_params, hyper.learning_rate)
-        self.actor_optimizer = adam(self.actor_params, hyper.learning_rate)
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-        """The target smoothing noise's own generator (on the learner's device)."""
+        with seeded_init(seed):  # weights from the seed alone (algos.seeding)
+            super().__init__(make_replay(hyper.buffer_size, False, seed=seed),
+                             hyper.learning_starts, hyper.train_frequency, hyper.save_replay)
+            self.hyper, self.device = hyper, device
+            self.actor = DeterministicActor(obs_dim, low, high, hidden).to(device)
+            self.actor_target = copy.deepcopy(self.actor)
+            self.qf = TwinQ(obs_dim, len(low), hidden).to(device)
+            self.qf_target = copy.deepcopy(self.qf)
+            self.actor_params = list(self.actor.body.parameters())
+            self.q_params = list(self.qf.parameters())
+            self.targets = [*self.actor_target.body.parameters(), *self.qf_target.parameters()]
+            self.sources = [*self.actor_params, *self.q_params]
+            self.q_optimizer = adam(self.q_params, hyper.learning_rate)
+            self.actor_optimizer = adam(self.actor_params, hyper.learning_rate)
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+            """The target smoothing noise's own generator (on the learner's device)."""
 
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step towards the smoothed target; every ``policy_frequency`` steps an
