@@ -64,6 +64,12 @@ def main(extra: str, root: Path) -> None:
         daskrl("graph", str(root / "graphs" / "ppo.py"), "--out", "ppo.svg")
         if b"<svg" not in Path("ppo.svg").read_bytes():
             raise SystemExit("daskrl graph wrote no SVG")
+    elif extra == "sweep":  # Optuna proposes, rliable reports
+        daskrl("sweep", str(root / "graphs" / "ppo.py"), "--search", "optuna", "--trials", "2",
+               "--space", "learning_rate=1e-4:1e-2:log", "--steps", "1024", "--num-envs", "4",
+               "--workers", "1", "--no-progress", "--out", "sweep")
+        if "IQM" not in Path("sweep/report.md").read_text():
+            raise SystemExit("daskrl sweep wrote no report")
     else:
         raise SystemExit(f"no smoke for the extra {extra!r}")
 

@@ -22,12 +22,13 @@ _WHERE = {
     "task_key": "core.keys", "Resources": "core.resources",
     "parse_resources": "core.resources", "resident": "core.worker_state",
     "Sizes": "core.sizes", "load_policy": "trained.load", "train": "api", "Run": "api",
+    "sweep": "sweeps.sweep",
 }
 
 __all__ = [
     "Actor", "Algorithm", "Fragment", "Learner", "LearnerOutput", "Placement", "Resources",
     "Run", "Sizes", "load_policy", "parse_resources", "plan_placement", "resident", "setting",
-    "task", "task_key", "train",
+    "sweep", "task", "task_key", "train",
 ]
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from daskrl.core.resources import Resources, parse_resources
     from daskrl.core.sizes import Sizes
     from daskrl.core.worker_state import resident
+    from daskrl.sweeps.sweep import sweep
     from daskrl.trained.load import load_policy
 
 

@@ -207,7 +207,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
           deterministic: bool = False,
           resources: Mapping[str, Resources | str] | None = None,
           adapt: tuple[int, int] | None = None, pause_at: int | None = None,
-          **config: Any) -> Run:
+          advice: bool = True, **config: Any) -> Run:
     """Train a graph script (its path or module) or an :class:`~daskrl.Algorithm`.
 
     Parameters
@@ -257,6 +257,10 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
         checkpoint and its evaluation, its learning-rate schedule laid out for all
         ``steps``; ``resume=True`` with the same ``steps`` goes on from there (how
         population-based training trains its members in rounds).
+    advice : bool
+        Say once, mid-run, what to change when one part of the iteration dominates
+        (:mod:`daskrl.observe.live_advice`); a sweep turns it off, since a trial's idle time
+        is the other trials' work on the shared workers.
     **config
         The graph's ``Config`` fields, e.g. ``num_envs=8``.
 
@@ -303,7 +307,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     settings = RunSettings(out=folder, steps=steps, seed=seed, progress=progress,
                            resume=resume, checkpoint_every=checkpoint_every,
                            eval_every=eval_every, eval=evaluate, deterministic=deterministic,
-                           pause_at=pause_at,
+                           pause_at=pause_at, advice=advice,
                            meta={"graph": graph or algo.name, "config": settings_meta})
     elastic = None
     try:

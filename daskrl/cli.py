@@ -285,6 +285,105 @@ def cmd_graph(args: argparse.Namespace, module: types.ModuleType, config: Any) -
     return 0
 
 
+def grid_values(module: types.ModuleType, words: Sequence[str], prog: str,
+                flag: str = "--grid") -> dict[str, list[Any]]:
+    """``--grid KEY=V1,V2`` (or ``flag``) words as typed values, each read as its ``Config``
+    flag would be."""
+    from daskrl.config_flags import parse_config
+
+    fields = {f.name: f for f in dataclasses.fields(module.Config) if f.init}
+    grid: dict[str, list[Any]] = {}
+    for word in words:
+        key, sep, values = word.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not values:
+            raise UserError(f"{flag} {word}: expected KEY=V1,V2,... (a Config field and its "
+                            "values)")
+        if key not in fields:
+            raise UserError(f"{flag} {word}: {prog}'s Config has no field {key!r}; it has "
+                            f"{sorted(fields)}")
+        option = "--" + key.replace("_", "-")
+        typed = []
+        for value in values.split(","):
+            if isinstance(_default(fields[key]), bool):
+                if value.lower() not in ("true", "false"):
+                    raise UserError(f"{flag} {word}: {value!r} is not true or false")
+                typed.append(value.lower() == "true")
+                continue
+            config = parse_config(module.Config, [option, *value.split()], prog)
+            typed.append(getattr(config, key))
+        grid[key] = typed
+    return grid
+
+
+def cmd_sweep(args: argparse.Namespace, module: types.ModuleType, config: Any) -> int:
+    """Run ``daskrl sweep``: trials of ``module``'s graph on one cluster, then the report."""
+    from daskrl.cluster.local import connect
+    from daskrl.sweeps.report import table
+    from daskrl.sweeps.sweep import sweep
+
+    prog = f"daskrl sweep {args.graph}"
+    grid = grid_values(module, args.grid, prog)
+    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.init and getattr(config, f.name) != _default(f)}
+    starts = grid_values(module, args.start, prog, "--start")
+    width = max((len(v) for v in starts.values()), default=0)
+    start = [{k: v[i % len(v)] for k, v in starts.items()} for i in range(width)]
+    clash = sorted(set(shared) & set(grid))
+    if clash:
+        raise UserError(f"{clash} set both as a flag and by --grid: keep one")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / f"sweep-{Path(args.graph).stem}-{stamp}"
+    try:
+        parse_role_resources(args.resources)  # one line naming a bad word
+        resources = dict(word.split("=", 1) for word in args.resources)
+        batch = _batch_spec(args)
+        if batch is not None and args.scheduler:
+            raise ValueError("--cluster starts its own scheduler: drop --scheduler")
+    except (ValueError, TypeError) as exc:
+        raise UserError(str(exc)) from None
+    cluster = client = None
+    try:
+        if args.scheduler:
+            client = connect(args.scheduler)
+        elif batch is not None:
+            from daskrl.cluster.jobqueue import describe, start_pools
+
+            try:
+                cluster, client = start_pools(batch, log_directory=out / "jobs")
+            except (ValueError, RuntimeError, TimeoutError) as exc:
+                raise UserError(str(exc)) from None
+            print(f"{describe(cluster.spec)}; jobs {cluster.job_ids()}", file=sys.stderr)
+        result = sweep(args.graph, out=out, seeds=args.seeds, seed=args.seed, grid=grid,
+                       search=args.search, trials=args.trials, space=args.space,
+                       sampler=args.sampler, pruner=args.pruner, pbt=args.pbt,
+                       population=args.population, interval=args.interval,
+                       quantile=args.quantile, start=start, concurrency=args.concurrency,
+                       client=client,
+                       workers=args.workers, steps=args.steps, resume=args.resume,
+                       progress=args.progress, distribution=args.distribution,
+                       eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
+                       deterministic=args.deterministic, resources=resources, **shared)
+    except ValueError as exc:
+        raise UserError(str(exc).replace("resume=True", "--resume").replace(
+            "another out", "another --out")) from None
+    except ConnectionError as exc:
+        raise UserError(str(exc)) from None
+    except KeyboardInterrupt:
+        print(f"daskrl: sweep interrupted; finished trials are kept, the others were "
+              f"checkpointed: `daskrl sweep {args.graph} ... --out {out} --resume` goes on",
+              file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+    print(table(result.report))
+    print(f"wrote {out}/report.md, {out}/report.json, {out}/curves.png, {out}/sweep.json")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run ``daskrl eval``: the run's policy on fresh envs, mean ± std printed."""
     from daskrl.core.algorithm import EvalRequest
@@ -342,6 +441,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_train(args, module, config, early)
         if args.command == "graph":
             return cmd_graph(args, module, config)
+        if args.command == "sweep":
+            return cmd_sweep(args, module, config)
+        if args.command == "sweep-status":
+            from daskrl.sweeps.status import status_table
+
+            try:
+                print(status_table(args.sweep_dir))
+            except FileNotFoundError as exc:
+                raise UserError(str(exc)) from None
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "export":

@@ -13,7 +13,7 @@ from daskrl.config_flags import check_flags, flags_of, graph_help, parse_config
 from daskrl.core.script import UserError, load_graph
 from daskrl.trained.config import config_from_dict, read_yaml
 
-GRAPH_COMMANDS = ("train", "graph")
+GRAPH_COMMANDS = ("train", "graph", "sweep")
 """The commands that take a graph script, and with it the flags of its ``Config``."""
 
 
@@ -42,7 +42,7 @@ def run_parser(graph_flags_help: str | None = None
                            description="Train GRAPH (e.g. graphs/ppo.py) on a Dask cluster; "
                                        "GRAPH may stand anywhere on the line.",
                            epilog=epilog, **subparser)
-    flags: dict[str, list[str]] = {"train": [], "graph": []}
+    flags: dict[str, list[str]] = {"train": [], "graph": [], "sweep": []}
 
     def add(parser: Any, command: str, *names: str, **kwargs: Any) -> None:
         flags[command] += parser.add_argument(*names, **kwargs).option_strings
@@ -136,6 +136,15 @@ def run_parser(graph_flags_help: str | None = None
              f"names: {names}")
     add(graph, "graph", "--out", type=Path, required=True,
         help="picture file: .svg, .png or .pdf")
+    sweep = _sweep_flags(sub, subparser, epilog, names, add)
+    flags["sweep"] += [s for a in add_jobqueue_flags(sweep) for s in a.option_strings]
+    status = sub.add_parser("sweep-status", help="every trial of a sweep: state, steps, return",
+                            description="Print a sweep's trials (from OUT/sweep.json, and the "
+                                        "metrics of those training now): state, env steps, "
+                                        "latest training return, final greedy return.",
+                            allow_abbrev=False)
+    status.add_argument("sweep_dir", type=Path, metavar="OUT",
+                        help="the --out folder of a `daskrl sweep`")
     plot = sub.add_parser("plot", help="learning curves of a run folder (PNG and SVG)",
                           description="Write returns, speed and losses figures (.png and .svg) "
                                       "for a run: returns raw and smoothed with evaluation "
@@ -186,6 +195,82 @@ def run_parser(graph_flags_help: str | None = None
     rep.add_argument("file", type=Path, help="a file from a run's failures/ folder")
     rep.add_argument("--pdb", action="store_true", help="open pdb where the replay raises")
     return parser, flags
+
+
+def _sweep_flags(sub: Any, subparser: dict[str, Any], epilog: str, names: str,
+                 add: Any) -> argparse.ArgumentParser:
+    """``daskrl sweep``'s parser and run flags (``add(parser, "sweep", *names, **kwargs)``)."""
+    sweep = sub.add_parser(
+        "sweep", help="many runs of a graph on one cluster: seeds, a grid, a search, PBT",
+        description="Train many runs of GRAPH on one Dask cluster, at most --concurrency at "
+                    "once, each in OUT/<trial>/ with the usual files; OUT/sweep.json records "
+                    "them, OUT/report.md/.json and OUT/curves.png report the interquartile "
+                    "mean with 95 % bootstrap intervals per configuration (rliable). Needs "
+                    "pip install 'daskrl[sweep]'. Settings of GRAPH's Config on the line apply "
+                    "to every trial.",
+        epilog=epilog.replace("daskrl train", "daskrl sweep"), **subparser)
+    add(sweep, "sweep", "graph", help="graph script, e.g. graphs/ppo.py")
+    add(sweep, "sweep", "--seeds", type=int, default=1, metavar="N",
+        help="seeds of each configuration: --seed to --seed+N-1 (default: %(default)s)")
+    add(sweep, "sweep", "--seed", type=int, default=1,
+        help="the first seed; also seeds the search's sampler and PBT (default: %(default)s)")
+    add(sweep, "sweep", "--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+        help="a Config field and its values (repeatable): every combination is trained "
+             "with every seed, e.g. --grid learning_rate=2.5e-4,1e-3")
+    add(sweep, "sweep", "--search", choices=("optuna",), default=None,
+        help="propose --trials configurations from --space with Optuna; trials whose "
+             "periodic evaluation falls below the median of earlier ones are pruned")
+    add(sweep, "sweep", "--trials", type=int, default=20,
+        help="trials of a --search (default: %(default)s)")
+    add(sweep, "sweep", "--space", action="append", default=[],
+        metavar="KEY=LOW:HIGH[:log] | KEY=V1,V2",
+        help="what --search or --pbt draws (repeatable), e.g. learning_rate=1e-4:1e-2:log")
+    add(sweep, "sweep", "--sampler", choices=("tpe", "random"), default="tpe",
+        help="Optuna's sampler (default: %(default)s)")
+    add(sweep, "sweep", "--pruner", choices=("median", "none"), default="median",
+        help="Optuna's pruner, fed by each trial's --eval-every evaluations (default: "
+             "%(default)s; with --eval-every 0 about eight evaluations per trial)")
+    add(sweep, "sweep", "--pbt", action="store_true",
+        help="population-based training: every --interval iterations the bottom "
+             "--quantile copies a top member's checkpoint and moves its --space settings by "
+             "x0.8 or x1.2 (only the graph's Config.MID_RUN settings)")
+    add(sweep, "sweep", "--population", type=int, default=8,
+        help="members of --pbt (default: %(default)s)")
+    add(sweep, "sweep", "--interval", type=int, default=None, metavar="ITERATIONS",
+        help="iterations between --pbt rounds (default: a tenth of the run)")
+    add(sweep, "sweep", "--start", action="append", default=[], metavar="KEY=V1,V2,...",
+        help="--pbt members' first values of a --space setting, cycled over the members "
+             "(repeatable; default: drawn from --space)")
+    add(sweep, "sweep", "--quantile", type=float, default=0.25,
+        help="share of the --pbt population replaced, and copied from (default: %(default)s)")
+    add(sweep, "sweep", "--concurrency", type=int, default=None, metavar="K",
+        help="trials training at once (default: twice the cluster's workers; with "
+             "--deterministic, 1: trials trained at the same time are not always "
+             "bit-identical to the same seeds trained alone)")
+    add(sweep, "sweep", "--workers", type=int, default=None,
+        help="worker processes of the embedded cluster (default: one per CPU core)")
+    add(sweep, "sweep", "--scheduler", default=None,
+        help="address of an existing Dask scheduler (default: an embedded cluster)")
+    add(sweep, "sweep", "--steps", type=int, default=500_000,
+        help="env steps of each trial (default: %(default)s)")
+    add(sweep, "sweep", "--distribution", default=None,
+        help=f"placement policy of each trial (default: the graph's own); names: {names}")
+    add(sweep, "sweep", "--eval-every", type=int, default=0, metavar="N",
+        help="evaluate each trial every N iterations (default: 0, only at the end)")
+    add(sweep, "sweep", "--checkpoint-every", type=int, default=10,
+        help="iterations per checkpoint of each trial (default: %(default)s)")
+    add(sweep, "sweep", "--deterministic", action="store_true",
+        help="bit-identical trials for their seeds whatever the workers")
+    add(sweep, "sweep", "--resources", action="append", default=[],
+        metavar="ROLE=KEY:N[,KEY:N]", help="override a role's resources (repeatable)")
+    add(sweep, "sweep", "--out", type=Path, default=None,
+        help="the sweep's folder (default: runs/sweep-<graph>-<time>)")
+    add(sweep, "sweep", "--resume", action="store_true",
+        help="continue the sweep in --out: finished trials are kept, the others go on from "
+             "their checkpoints")
+    add(sweep, "sweep", "--no-progress", dest="progress", action="store_false",
+        help="no progress bar")
+    return sweep
 
 
 def _policy_flags(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import ClassVar
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
@@ -21,6 +22,11 @@ from daskrl.core.envs import env_spaces
 @dataclass
 class Config:
     """A3C settings; each field is a ``--flag`` of ``daskrl train graphs/a3c.py``."""
+
+    MID_RUN: ClassVar[tuple[str, ...]] = ("learning_rate", "ent_coef", "vf_coef",
+                                         "max_grad_norm")
+    """Settings ``daskrl sweep --pbt`` may change mid-run: the learner, rebuilt from a
+    checkpoint, takes them as they are (the learning rate is set at every update)."""
 
     env: str = setting("gymnasium env id (discrete or Box actions, flat observations)",
                        "CartPole-v1")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -41,6 +41,11 @@ from daskrl.core.sizes import Sizes, transition_bytes
 @dataclass
 class Config:
     """PPO settings; each field is a ``--flag`` of ``daskrl train graphs/ppo.py``."""
+
+    MID_RUN: ClassVar[tuple[str, ...]] = ("learning_rate", "ent_coef", "clip_coef", "vf_coef",
+                                         "max_grad_norm")
+    """Settings ``daskrl sweep --pbt`` may change mid-run: the learner, rebuilt from a
+    checkpoint, takes them as they are (the learning rate is set at every update)."""
 
     env: str = setting("gymnasium env id: discrete or Box actions, flat observations or Atari "
                        "frames", "CartPole-v1")
