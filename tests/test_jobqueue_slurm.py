@@ -271,3 +271,27 @@ def test_a_users_own_slurm_cluster_trains_ppo_through_daskrl_train(slurm_node, t
             names = {w["name"] for w in scheduler_workers(client).values()}
     assert run.summary["iterations"] == 2 and run.summary["eval_return_mean"] > 0
     assert len(names) == 2
+
+
+def test_a_sweep_trains_its_trials_on_slurm_jobs_and_cancels_them(slurm_node, tmp_path,
+                                                                  capsys):
+    """``daskrl sweep --cluster slurm``: two seeds side by side, one on each batch job's
+    worker (runs from one process spread over the workers), the jobs gone at the end."""
+    out = tmp_path / "sweep"
+    code = main(["sweep", str(REPO / "graphs" / "ppo.py"), "--cluster", "slurm",
+                 "--cores", "1", "--memory", "1GB", "--walltime", "00:10:00",
+                 "--cpu-jobs", "2", "--seeds", "2", "--concurrency", "2", "--steps", "1024",
+                 "--num-envs", "4", "--num-steps", "32", "--eval-episodes", "2",
+                 "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
+    assert found, err
+    ids: dict[str, str] = ast.literal_eval(found.group(1))
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert {r["state"] for r in sweep["trials"].values()} == {"finished"}
+    learners = {json.loads((out / name / "summary.json").read_text())["placement"]["learner"][0]
+                for name in sweep["trials"]}
+    assert learners == set(ids)  # one trial on each job's worker
+    assert "IQM" in (out / "report.md").read_text()
+    assert_jobs_leave_queue(ids.values())

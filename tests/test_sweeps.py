@@ -227,3 +227,16 @@ def test_a_trial_whose_settings_are_refused_fails_alone(cluster_pair, tmp_path):
     assert good["state"] == "finished"
     rows = {r["configuration"]: r for r in result.report["configurations"]}
     assert rows["num_envs=0"]["finished"] == 0 and rows["num_envs=4"]["finished"] == 1
+
+
+def test_a_sweep_on_batch_jobs_keeps_their_logs_beside_its_trials(tmp_path, capsys):
+    """``--cluster local`` (dask-jobqueue's LocalCluster of jobs): the jobs' logs go to
+    OUT/jobs, which does not count as an earlier sweep in OUT."""
+    out = tmp_path / "sweep"
+    code = main(["sweep", GRAPH, "--cluster", "local", "--cpu-jobs", "1", "--seeds", "1",
+                 "--steps", "512", "--out", str(out), "--no-progress",
+                 *[w for k, v in TINY.items() for w in (f"--{k.replace('_', '-')}", str(v))]])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "jobs").is_dir()
+    assert json.loads((out / "sweep.json").read_text())["trials"]["t000-seed1"]["state"] == (
+        "finished")

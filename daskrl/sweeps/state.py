@@ -60,7 +60,9 @@ class SweepState:
             self.data = json.loads(self.path.read_text())
             _same(out, self.data["definition"], definition)
         else:
-            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            # jobs/: the logs of the batch jobs started for this sweep (--cluster)
+            if out.exists() and (not out.is_dir() or any(p.name != "jobs"
+                                                          for p in out.iterdir())):
                 what = "a sweep" if self.path.is_file() else "files"
                 raise ValueError(f"{out} already holds {what}: pass --resume to continue it, "
                                  "or choose another --out")
