@@ -190,6 +190,8 @@ def test_pbt_copies_a_better_members_checkpoint_and_perturbs_its_settings(cluste
     (["--grid", "learning_rate=1e-3", "--pbt", "--space", "learning_rate=1e-4:1e-3"],
      "choose one of grid, search and pbt"),
     (["--seeds", "0"], "seeds must be >= 1"),
+    (["--space", "learning_rate=1e-4:1e-3"], "space is what search or pbt draws from"),
+    (["--start", "learning_rate=1e-4"], "add pbt=True"),
 ])
 def test_bad_sweeps_are_refused_in_one_line_before_anything_trains(argv, message, tmp_path,
                                                                    capsys):

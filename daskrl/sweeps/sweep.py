@@ -174,7 +174,12 @@ def sweep(graph: str | os.PathLike, *, out: str | os.PathLike, seeds: int | Sequ
     definition: dict[str, Any] = {"graph": str(Path(graph).resolve()), "mode": mode,
                                   "steps": steps, "config": dict(config),
                                   "iterations": iterations, **options}
+    if mode != "pbt" and start:
+        raise ValueError("start gives the first settings of pbt's members: add pbt=True")
     if mode in ("seeds", "grid"):
+        if dims:
+            raise ValueError("space is what search or pbt draws from: add search='optuna' or "
+                             "pbt=True, or give the values as grid=")
         definition.update(seeds=seed_list, grid={k: list(v) for k, v in (grid or {}).items()})
     elif mode == "search":
         if search != "optuna":
