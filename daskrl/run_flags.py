@@ -244,9 +244,7 @@ def _sweep_flags(sub: Any, subparser: dict[str, Any], epilog: str, names: str,
     add(sweep, "sweep", "--quantile", type=float, default=0.25,
         help="share of the --pbt population replaced, and copied from (default: %(default)s)")
     add(sweep, "sweep", "--concurrency", type=int, default=None, metavar="K",
-        help="trials training at once (default: twice the cluster's workers; with "
-             "--deterministic, 1: trials trained at the same time are not always "
-             "bit-identical to the same seeds trained alone)")
+        help="trials training at once (default: twice the cluster's workers)")
     add(sweep, "sweep", "--workers", type=int, default=None,
         help="worker processes of the embedded cluster (default: one per CPU core)")
     add(sweep, "sweep", "--scheduler", default=None,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
 
+import torch
+
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.a2c import A2CActor, A2CHyper, A2CLearner
 from daskrl.algos.actor_critic import evaluate_policy, policy_module
@@ -80,7 +82,8 @@ def build(config: Config) -> Algorithm:
         raise ValueError(f"--num-steps {config.num_steps} must be a multiple of "
                          f"--rollout-steps {config.rollout_steps}")
     spaces = env_spaces(config.env)  # checks the env id and reads its spaces
-    actor_critic_for(*spaces)  # refuses spaces no head serves, in one line
+    with torch.device("meta"):  # shapes only: no memory, no draw from torch's generator
+        actor_critic_for(*spaces)  # refuses spaces no head serves, in one line
     return Algorithm(
         name="a3c",
         make_actor=partial(make_actor, config),

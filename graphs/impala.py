@@ -22,6 +22,7 @@ from typing import Literal
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import evaluate_policy, policy_module
@@ -115,7 +116,8 @@ def build(config: Config) -> Algorithm:
     spaces = env_spaces(config.env)  # checks the env id and reads its spaces
     hidden = (config.hidden,) * 2
     norm = config.normalization(spaces[1])
-    net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves, in one line
+    with torch.device("meta"):  # shapes only: no memory, no draw from torch's generator
+        net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves
     if not net.action_shape and (norm.obs or norm.reward):
         raise ValueError("--normalize on serves Box actions (the discrete heads keep no "
                          "running statistics): drop --normalize on for this env")

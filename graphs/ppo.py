@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from daskrl import Algorithm, Resources, setting
 from daskrl.algos.actor_critic import (
@@ -137,7 +138,8 @@ def build(config: Config) -> Algorithm:
     spaces = env_spaces(config.env, config.env_backend)  # checks the env id, reads its spaces
     norm = config.normalization(spaces[1])
     hidden = (config.hidden,) * 2
-    net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves, in one line
+    with torch.device("meta"):  # shapes only: no memory, no draw from torch's generator
+        net = actor_critic_for(*spaces, hidden, norm)  # refuses spaces no head serves
     if config.vtrace and len(spaces[0].shape) != 1:
         raise ValueError(f"--vtrace serves flat observations, not {config.env}'s of shape "
                          f"{spaces[0].shape}: drop --vtrace for this env")

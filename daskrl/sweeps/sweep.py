@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 import time
 import typing
 from collections.abc import Mapping, Sequence
@@ -115,9 +114,7 @@ def sweep(graph: str | os.PathLike, *, out: str | os.PathLike, seeds: int | Sequ
         cycled (default: draws from ``space``).
     concurrency : int, optional
         Trials training at once (default: twice the cluster's workers, so one run's
-        rollout and another's update fill the cores together; with ``deterministic``, 1:
-        trials trained one after another are bit-identical to the same seeds trained alone,
-        trials trained at the same time not always).
+        rollout and another's update fill the cores together).
     client : distributed.Client, optional
         The cluster; None: an embedded one with ``workers`` workers (default: one per core).
     steps, distribution, eval_every, checkpoint_every, deterministic, resources
@@ -227,15 +224,7 @@ def sweep(graph: str | os.PathLike, *, out: str | os.PathLike, seeds: int | Sequ
         client = Client(cluster)
         owned = (client, cluster)
     launch = Launch(str(graph), steps, dict(config), options)
-    workers_now = max(1, len(scheduler_workers(client)))
-    width = concurrency or (1 if deterministic else 2 * workers_now)
-    if deterministic and width > 1:
-        # measured (benchmarks/sweeps.md): runs trained at the same time from one process
-        # are not always bit-identical to the same seeds trained alone
-        print(f"daskrl: --deterministic with --concurrency {width}: trials trained at the "
-              "same time are not always bit-identical to the same seeds trained alone; "
-              "--concurrency 1 (the default with --deterministic) keeps them so",
-              file=sys.stderr)
+    width = concurrency or 2 * max(1, len(scheduler_workers(client)))
     started = time.monotonic()
     earlier = float(state.data.get("wall_s", 0.0))
     try:
