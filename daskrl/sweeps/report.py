@@ -9,7 +9,6 @@ Writes ``OUT/report.json``, ``OUT/report.md`` and ``OUT/curves.png``/``.svg`` (a
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from daskrl.core.script import MissingExtra
+from daskrl.observe.plot import read_metrics
 from daskrl.sweeps.spec import label
 
 REPS = 20_000
@@ -102,18 +102,16 @@ def curve_points(paths: Sequence[Path], points: int = CURVE_POINTS
     trial's last step): ``(steps, returns[trial, point])``; None without two rows each."""
     series = []
     for path in paths:
-        steps, returns = [], []
         try:
-            with (path / "metrics.csv").open(newline="") as f:
-                for row in csv.DictReader(f):
-                    if row.get("iteration") and row.get("episode_return_mean"):
-                        value = float(row["episode_return_mean"])
-                        if math.isfinite(value):
-                            steps.append(float(row["env_steps"]))
-                            returns.append(value)
-        except FileNotFoundError:
+            cols = read_metrics(path)
+        except (FileNotFoundError, ValueError):
             continue
-        if len(steps) >= 2:
+        pairs = [(s, r) for it, s, r in zip(cols.get("iteration", []), cols["env_steps"],
+                                                cols.get("episode_return_mean", []),
+                                                strict=False)
+                  if math.isfinite(it) and math.isfinite(r)]
+        if len(pairs) >= 2:
+            steps, returns = zip(*pairs, strict=True)
             series.append((np.asarray(steps), np.asarray(returns)))
     if not series:
         return None

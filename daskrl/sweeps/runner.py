@@ -10,7 +10,6 @@ checkpoint; ``--resume`` goes on from them.
 
 from __future__ import annotations
 
-import csv
 import math
 import sys
 import time
@@ -25,6 +24,7 @@ from daskrl.api import Run
 from daskrl.api import train as train_run
 from daskrl.observe.board import TOPIC
 from daskrl.observe.board_feed import sweep_message
+from daskrl.observe.plot import read_metrics
 from daskrl.runtime.checkpoint import list_checkpoints, load_latest
 from daskrl.sweeps.spec import Trial
 from daskrl.sweeps.state import SweepState
@@ -257,29 +257,32 @@ def _compute_cost(rec: Mapping[str, Any], total: Any) -> dict[str, float]:
             "compute_at_checkpoint": float(total)}
 
 
+def _columns(out: Path) -> dict[str, list[float]]:
+    """A trial's ``metrics.csv`` columns so far (:func:`~daskrl.observe.plot.read_metrics`);
+    empty before its first row."""
+    try:
+        return read_metrics(out)
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
 def latest(out: Path) -> dict[str, Any]:
     """A trial's latest ``env_steps`` and training return, from its ``metrics.csv``."""
-    try:
-        with (out / "metrics.csv").open(newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r.get("iteration")]
-    except FileNotFoundError:
-        return {}
+    cols = _columns(out)
+    rows = [i for i, v in enumerate(cols.get("iteration", [])) if math.isfinite(v)]
     if not rows:
         return {}
     last = rows[-1]
-    return {"env_steps": int(float(last.get("env_steps") or 0)),
-            "episode_return_mean": _number(last.get("episode_return_mean"))}
+    return {"env_steps": int(cols["env_steps"][last]),
+            "episode_return_mean": _number(cols.get("episode_return_mean", [math.nan] * (
+                last + 1))[last])}
 
 
 def eval_rows(out: Path) -> list[tuple[int, float]]:
     """A trial's periodic evaluations so far: ``(iteration, greedy return)``."""
-    try:
-        with (out / "metrics.csv").open(newline="") as f:
-            return [(int(float(r["eval_iteration"])), float(r["eval_return_mean"]))
-                    for r in csv.DictReader(f)
-                    if r.get("eval_iteration") and r.get("eval_return_mean")]
-    except FileNotFoundError:
-        return []
+    cols = _columns(out)
+    pairs = zip(cols.get("eval_iteration", []), cols.get("eval_return_mean", []), strict=True)
+    return [(int(it), value) for it, value in pairs if math.isfinite(it) and math.isfinite(value)]
 
 
 def _number(text: Any) -> float | None:
