@@ -17,6 +17,7 @@ from daskrl.core.contracts import (  # re-exported: the vocabulary an algorithm 
     CAPABILITIES,
     Actor,
     Batch,
+    Coordinator,
     EnvPart,
     GradientActor,
     GradientLearner,
@@ -34,7 +35,8 @@ from daskrl.core.resources import Resources
 from daskrl.core.sizes import Sizes
 from daskrl.core.tensor_pickle import pack_tensors, unpack_tensors
 
-__all__ = ["CAPABILITIES", "ROLES", "ROLE_FALLBACK", "Actor", "Algorithm", "Batch", "EnvPart",
+__all__ = ["CAPABILITIES", "ROLES", "ROLE_FALLBACK", "Actor", "Algorithm", "Batch",
+           "Coordinator", "EnvPart",
            "EvalRequest", "GradientActor", "GradientLearner", "InferencePart", "Learner",
            "LearnerOutput", "LightStateLearner", "ResizableActor", "SplitActor", "UpdatePlan",
            "Weights"]
@@ -59,6 +61,9 @@ class LearnerOutput:
     them (``actors-learner:stale=1`` with several iterations per task); under ``apex``, the
     new priorities for each replay shard; else empty. Not checkpointed: a resumed run
     collects them again."""
+    coordinator: dict[str, Any] = field(default_factory=dict)
+    """The coordinator's state (:class:`~daskrl.core.contracts.Coordinator`), carried from
+    one iteration to the next and checkpointed with the learner's; empty without one."""
 
     def __getstate__(self) -> dict[str, Any]:
         # CPU tensors travel as numpy arrays (why: daskrl.core.tensor_pickle)
@@ -94,7 +99,7 @@ class EvalRequest:
     other team (None: trained against trained)."""
 
 
-ROLES = ("rollout", "learner", "inference", "evaluate", "env", "replay")
+ROLES = ("rollout", "learner", "inference", "evaluate", "env", "replay", "coordinator")
 ROLE_FALLBACK = {"env": "rollout", "inference": "learner"}
 """A role with no annotation of its own takes this role's (env replicas step like rollouts;
 central inference sits with the learner)."""
@@ -149,6 +154,10 @@ class Algorithm:
         distributions that place the replay on its own workers (``apex``).
     replay_shards : int
         Replay shards (replicas of role ``replay``), each holding its share of the capacity.
+    make_coordinator : callable ``() -> Coordinator``, optional
+        Builds the coordinator (role ``coordinator``; :class:`Coordinator`), whose task runs
+        after every iteration's learner and decides what the next one plays (a league);
+        None: none.
 
     Examples
     --------
@@ -179,6 +188,7 @@ class Algorithm:
     evaluator: Callable[[Weights, EvalRequest], dict[str, Any]] | None = None
     make_replay: Callable[[int], Replay] | None = None
     replay_shards: int = 1
+    make_coordinator: Callable[[], Coordinator] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.capabilities, str):

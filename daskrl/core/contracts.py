@@ -193,6 +193,27 @@ class SplitActor(ResizableActor, Protocol):
         """Its policy copy and rollout buffers, fed with steps made elsewhere."""
 
 
+class Coordinator(Protocol):
+    """The run-wide decisions between iterations (a league's match-making, its ratings and
+    snapshots): role ``coordinator``, one task after every iteration's learner.
+
+    It holds no state of its own between tasks: what it keeps travels with the run in the
+    learner output's ``coordinator`` field, so a checkpoint holds it, ``--resume`` restores it
+    and a lost coordinator worker loses nothing (the task runs again from its inputs).
+    """
+
+    def coordinate(self, output: Any, iteration: int) -> Any:
+        """The :class:`~daskrl.core.algorithm.LearnerOutput` the next iteration takes.
+
+        ``output`` is iteration ``iteration``'s, its ``coordinator`` field the state the
+        previous call returned (``{}`` at the start of a run) and its ``metrics`` as the
+        learner returned them (the actors' ``matches`` included, see
+        :func:`daskrl.core.roles.merge_stats`). The result may add entries to ``weights``
+        (what the actors play against), must keep the learner's ``state`` and ``version``,
+        and may replace ``metrics`` with plain numbers (they become ``metrics.csv`` columns).
+        """
+
+
 CAPABILITIES: Mapping[str, str] = {
     "gradients": "its learner's gradients can be averaged across replicas before every "
                  "optimiser step, as data-parallel does",

@@ -6,6 +6,7 @@ resident on the worker (:mod:`daskrl.core.worker_state`) and rebuilt from seeds 
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import sys
 import time
@@ -315,6 +316,8 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     for team in sorted({t for s in stats for t in s.get("team_returns", {})}):
         values = [r for s in stats for r in s.get("team_returns", {}).get(team, [])]
         out[f"return_mean/{team}"] = float(np.mean(values)) if values else float("nan")
+    if any("matches" in s for s in stats):  # games' outcomes, for a coordinator to read
+        out["matches"] = [m for s in stats for m in s.get("matches", [])]
     if any("agent_steps" in s for s in stats):  # multi-agent actors: totals over replicas
         out["agents"] = sum(s.get("agents", 0) for s in stats)
         out["agent_steps"] = sum(s.get("agent_steps", 0) for s in stats)
@@ -334,6 +337,27 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
         "actors_built": sum(bool(s["built"]) for s in stats),
         "env_retries": sum(int(s.get("env_retries", 0)) for s in stats),
     }
+
+
+def coordinate(ctx: TaskContext, algo: Algorithm, previous: LearnerOutput,
+               output: LearnerOutput) -> LearnerOutput:
+    """Role ``coordinator``: iteration ``ctx.iteration``'s learner output, with the state
+    ``previous`` (the output this iteration started from) carried, passed through the
+    algorithm's :class:`~daskrl.core.contracts.Coordinator`."""
+    assert algo.make_coordinator is not None
+    carried = dataclasses.replace(output, coordinator=previous.coordinator)
+    result = algo.make_coordinator().coordinate(carried, ctx.iteration)
+    expect(result, "coordinator", "the coordinator's coordinate(output, iteration)",
+           LearnerOutput)
+    if result.version != output.version:
+        raise ValueError(f"the coordinator changed the learner output's version from "
+                         f"{output.version} to {result.version}: it must keep it")
+    return result
+
+
+def without_coordinator_state(output: LearnerOutput) -> LearnerOutput:
+    """``output`` with an empty ``coordinator`` field (what actors and learners take)."""
+    return dataclasses.replace(output, coordinator={})
 
 
 def evaluate(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput) -> dict[str, float]:

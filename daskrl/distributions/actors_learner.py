@@ -131,6 +131,7 @@ class ActorsLearner(Distribution):
     """
 
     name = "actors-learner"
+    serves_coordinator = True
 
     def __init__(self, fuse: bool | str = True, stale: int | str = 0,
                  iterations_per_task: int | str = 64) -> None:

@@ -15,9 +15,9 @@ from dask.delayed import Delayed, delayed
 from daskrl.core.algorithm import CAPABILITIES, Algorithm, LearnerOutput
 from daskrl.core.failures import Call
 from daskrl.core.fragment import Fragment
-from daskrl.core.placement import Placement
+from daskrl.core.placement import Placement, task
 from daskrl.core.resources import Resources
-from daskrl.core.roles import TaskContext
+from daskrl.core.roles import TaskContext, coordinate, without_coordinator_state
 from daskrl.core.worker_state import report_progress
 
 
@@ -104,6 +104,13 @@ class Distribution(ABC):
     """Roles whose tasks the distribution moves to another worker itself when theirs is
     lost: losing a worker that hosted only these does not stop the run."""
 
+    serves_coordinator: ClassVar[bool] = False
+    """Whether it can run an algorithm with a coordinator
+    (:class:`~daskrl.core.contracts.Coordinator`): its actors take each iteration's weights
+    from the learner output it is given, and its learner merges the actors' stats with
+    :func:`~daskrl.core.roles.merge_stats`, so the coordinator's picks reach the actors and
+    the games' outcomes reach the coordinator."""
+
     headline: ClassVar[tuple[str, ...]] = ()
     """``metrics.csv`` columns whose mean over the run's steady iterations (all but the
     first) ``summary.json`` carries as ``<column>_mean``: the figures a user of this
@@ -140,6 +147,11 @@ class Distribution(ABC):
     def check(self, algo: Algorithm) -> None:
         """Raise :class:`Unsupported` (one line: the missing capability and a fix) when it
         cannot serve ``algo``; called before any worker starts."""
+        if algo.make_coordinator is not None and not self.serves_coordinator:
+            raise Unsupported(
+                f"the {self.name!r} distribution cannot run {algo.name!r}, which has a "
+                "coordinator (its actors would not see the coordinator's picks): use "
+                "--distribution actors-learner or single")
         for cap, fix in sorted(self.required(algo).items()):
             if cap not in algo.capabilities:
                 raise Unsupported(
@@ -200,6 +212,26 @@ class Distribution(ABC):
     def sketch(self, inputs: IterationInputs) -> Delayed:
         """The graph :mod:`daskrl.observe.render` draws (default: :meth:`iteration`'s)."""
         return self.iteration(inputs)
+
+
+def coordinated(inputs: IterationInputs, graph: Delayed, previous: Any) -> Delayed:
+    """``graph`` (one iteration) followed by the algorithm's coordinator task, on the worker
+    placed for role ``coordinator``; the coordinator carries its state from ``previous`` (the
+    last coordinated output, whole) to the new output (:func:`daskrl.core.roles.coordinate`)."""
+    place = inputs.placement
+    return task(coordinate, inputs.context("coordinator", 0), inputs.algo, previous, graph,
+                role="coordinator", replica=0, iteration=inputs.iteration, run=inputs.run,
+                resources=place.resources["coordinator"], worker=place.worker("coordinator", 0))
+
+
+def lightened(inputs: IterationInputs, coordinated_output: Any) -> Delayed:
+    """The coordinated output without the coordinator's state, as the next iteration's actors
+    and learner take it (they need only the picks in its weights): a league's snapshots stay
+    on the coordinator's worker instead of travelling to every task (key replica 1)."""
+    place = inputs.placement
+    return task(without_coordinator_state, coordinated_output, role="coordinator", replica=1,
+                iteration=inputs.iteration, run=inputs.run,
+                resources=place.resources["coordinator"], worker=place.worker("coordinator", 0))
 
 
 def iterations_per_task(distribution: Distribution, inputs: IterationInputs) -> int:

@@ -106,6 +106,7 @@ class Single(Distribution):
     """
 
     name = "single"
+    serves_coordinator = True
 
     def __init__(self, iterations_per_task: int | str = 64, threads: int | str = 0) -> None:
         self.max_count = to_int("iterations_per_task", iterations_per_task)

@@ -66,6 +66,9 @@ def place(backend: Backend, algo: Algorithm, distribution: Distribution,
     fragments = distribution.fragments(algo)
     if "evaluate" not in {f.role for f in fragments}:
         fragments.append(Fragment(roles.evaluate, "evaluate", algo.resources_for("evaluate")))
+    if algo.make_coordinator is not None:
+        fragments.append(Fragment(roles.coordinate, "coordinator",
+                                  algo.resources_for("coordinator")))
     offered = backend.workers(fragments)
     if token is None or backend.name == "sync":
         placement = plan_placement(fragments, offered)
@@ -116,7 +119,7 @@ class Attempt:
         names = {name for role, names in placement.workers.items()
                  if role not in distribution.replaceable for name in names}
         cap = 1
-        if settings.task_s > 0:
+        if settings.task_s > 0 and algo.make_coordinator is None:  # a coordinator: one each
             probe = IterationInputs(algo, placement, "", settings.seed, 0, 1, None,
                                     settings.deterministic, settings.env_retries)
             cap = max(1, int(distribution.iterations_per_task(probe)))

@@ -149,11 +149,21 @@ def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutpu
         ckpt = loaded.payload
     if ckpt is not None:
         state = ckpt["learner"]
-        out = LearnerOutput(ckpt["version"], state, state["model"], {}, ckpt.get("actors", {}))
-        return out, ckpt["iteration"], ckpt["counters"]
+        out = LearnerOutput(ckpt["version"], state, state["model"], {}, ckpt.get("actors", {}),
+                            coordinator=ckpt.get("coordinator", {}))
+        return coordinated_start(algo, out, ckpt["iteration"]), ckpt["iteration"], ckpt["counters"]
     seed = roles.TaskContext("init", settings.seed, 0, 0, 1).replica_seed()
     learner = algo.make_learner(seed, "cpu")
-    return LearnerOutput(0, learner.state_dict(), learner.weights(), {}), 0, {}
+    out = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
+    return coordinated_start(algo, out, 0), 0, {}
+
+
+def coordinated_start(algo: Algorithm, output: LearnerOutput, first: int) -> LearnerOutput:
+    """The first iteration's input as the coordinator (if any) would have passed it on: its
+    picks are not checkpointed, only its state, so it decides them again here."""
+    if algo.make_coordinator is None:
+        return output
+    return algo.make_coordinator().coordinate(output, first - 1)
 
 
 def train(

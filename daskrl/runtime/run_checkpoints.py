@@ -76,4 +76,5 @@ def payload(settings: RunSettings, output: LearnerOutput, counters: dict[str, fl
              ) -> dict[str, Any]:
     """A checkpoint's content (the learner's version counts iterations)."""
     return {"version": output.version, "iteration": output.version, "learner": output.state,
-            "actors": output.actors, "counters": counters, "meta": settings.meta}
+            "actors": output.actors, "coordinator": output.coordinator, "counters": counters,
+            "meta": settings.meta}

@@ -46,6 +46,7 @@ from daskrl.core.failures import RunStopped
 from daskrl.core.placement import Placement
 from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
+from daskrl.distributions.base import coordinated, lightened
 from daskrl.runtime.attempt import (
     LOST,
     Attempt,
@@ -112,6 +113,7 @@ class RunLoop:
         self.last_done = start
         self.inflight: deque[InFlight] = deque()
         self.learner_in: Any = None  # what the next graph takes as its learner input
+        self.coordinator_in: Any = None  # with a coordinator: the last output, its state whole
         self.linked = 0  # graphs chained on futures since the chain last restarted
         self.unchecked: Delayed | None = None  # the first graph, whose annotations must hold
         self.recoveries = 0  # in all
@@ -146,6 +148,7 @@ class RunLoop:
                 learner = self.attempt.placement.worker("learner", 0)
                 try:
                     self.learner_in = self.backend.scatter(self.last_done, learner)
+                    self.coordinator_in = self.learner_in
                 except LOST as exc:  # the learner's worker died as its input was sent
                     self.lost = exc
                     return Phase.RECOVERING
@@ -190,10 +193,16 @@ class RunLoop:
         if self.closing:
             inputs = dataclasses.replace(inputs, checkpoint=True)
         graph = self.distribution.iteration(inputs)
+        if self.algo.make_coordinator is not None:  # one iteration per graph (Attempt.cap)
+            graph = coordinated(inputs, graph, self.coordinator_in)
         handle = self.backend.submit(graph)
         if self.next == self.first:
             self.unchecked = graph
         self.learner_in = self.backend.as_input(handle)
+        if self.algo.make_coordinator is not None:  # the next graph takes it without the
+            self.coordinator_in = self.learner_in  # coordinator's state, which stays put
+            self.learner_in = self.backend.as_input(self.backend.submit(
+                lightened(inputs, self.coordinator_in)))
         self.inflight.append(InFlight(self.next, count, handle))
         self.linked += 1
         self.next += count
