@@ -1,0 +1,236 @@
+"""The league's coordinator: snapshots of the learning policy, their ratings, and the
+opponents each iteration's games are played against.
+
+Its state is plain data carried in the learner output (``LearnerOutput.coordinator``), not
+kept on a worker: a league of a board game's small networks is a few megabytes, so carrying
+it costs little, a checkpoint holds the whole league, ``--resume`` restores it exactly, and a
+lost coordinator worker loses nothing (Dask runs the task again elsewhere from its inputs).
+
+What it puts into the weights the actors receive (besides the learner's own):
+
+- ``league/ids``: the member id of each opponent slot (int64);
+- ``league/<slot>/<param>``: a snapshot slot's policy weights (a random-player slot has none);
+- ``league/self_play``: the share of games played against the latest policy itself.
+
+The actors report each finished game as ``(member id, score)`` in their batches' stats
+(``matches``; id :data:`SELF` for a game against the latest policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from daskrl.core.algorithm import LearnerOutput, Weights
+from daskrl.league.pfsp import Weighting, estimated_win_rate, pfsp_probabilities
+from daskrl.league.ratings import new_rating, ordinal, rate_game
+
+PREFIX = "league/"
+"""Weights under this prefix are the league's, not the learner's."""
+SELF = -1
+"""The member id the actors report for a game against the latest policy itself."""
+RANDOM = 0
+"""The id of the uniformly random player, the league's fixed anchor."""
+
+COLUMNS = ("league/rating_mu", "league/rating_sigma", "league/rating_ordinal", "league/members",
+           "league/games", "league/self_games", "league/win_rate", "league/win_rate_random")
+"""The ``metrics.csv`` columns the coordinator writes every iteration."""
+
+
+@dataclass(frozen=True)
+class LeagueSettings:
+    """How the league grows and picks opponents.
+
+    Examples
+    --------
+    >>> LeagueSettings(snapshot_every=5).snapshot_every
+    5
+    >>> LeagueSettings(self_play=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: self_play must be in [0, 1], got 1.5
+    """
+
+    snapshot_every: int = 10
+    """Iterations between frozen snapshots of the learning policy."""
+    max_snapshots: int = 20
+    """Snapshots kept; the oldest leaves the league beyond this."""
+    self_play: float = 0.2
+    """Share of games against the latest policy itself (the rest against league members)."""
+    weighting: Weighting = "hard"
+    """PFSP's weighting of an opponent by the learner's win rate ``x`` against it."""
+    slots: int = 4
+    """Opponents sent to the actors each iteration (drawn by PFSP, with replacement)."""
+    decay: float = 0.98
+    """Per-iteration decay of the win-rate counts: the estimate follows a changing learner."""
+    random_player: bool = True
+    """Keep the uniformly random player in the league (the rating anchor)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.self_play <= 1.0:
+            raise ValueError(f"self_play must be in [0, 1], got {self.self_play}")
+        for name in ("snapshot_every", "max_snapshots", "slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+
+
+def learner_weights(weights: Weights) -> Weights:
+    """The learner's own weights from what the actors receive (the league's left out)."""
+    return {k: v for k, v in weights.items() if not k.startswith(PREFIX)}
+
+
+def new_league(settings: LeagueSettings) -> dict[str, Any]:
+    """A league with the learning policy (``main``) and, if asked, the random player."""
+    members = [{"id": RANDOM, "name": "random", "kind": "random", "version": None,
+                "rating": new_rating(), "score": 0.0, "games": 0.0, "played": 0, "won": 0,
+                "drawn": 0}] if settings.random_player else []
+    return {"main": {"rating": new_rating(), "played": 0}, "members": members, "weights": {},
+            "next_id": RANDOM + 1}
+
+
+class LeagueCoordinator:
+    """Role ``coordinator`` of a self-play league (:class:`~daskrl.core.contracts.Coordinator`).
+
+    Each call rates the iteration's games (OpenSkill), freezes a snapshot every
+    ``snapshot_every`` versions, and draws the next iteration's opponents by PFSP.
+
+    Examples
+    --------
+    >>> out = LearnerOutput(0, {}, {"w": torch.zeros(2)}, {})
+    >>> league = LeagueCoordinator(LeagueSettings(snapshot_every=1)).coordinate(out, -1)
+    >>> [m["name"] for m in league.coordinator["members"]]
+    ['random', 'v0']
+    >>> league.weights["league/ids"].tolist()  # four slots, drawn by PFSP
+    [1, 0, 0, 0]
+    >>> sorted(league.weights)[:2]  # the snapshot's weights in its slot, then the ids
+    ['league/0/w', 'league/ids']
+    """
+
+    def __init__(self, settings: LeagueSettings | None = None) -> None:
+        self.settings = settings or LeagueSettings()
+
+    def coordinate(self, output: LearnerOutput, iteration: int) -> LearnerOutput:
+        """The output the next iteration takes: the league updated, its picks in the weights
+        and the league's columns in the metrics."""
+        s = self.settings
+        league = _copy(output.coordinator) if output.coordinator else new_league(s)
+        metrics = dict(output.metrics)
+        matches = metrics.pop("matches", [])
+        own = learner_weights(output.weights)
+        summary = self.record(league, matches)
+        if output.version % s.snapshot_every == 0 and not any(
+                m["version"] == output.version for m in league["members"]):
+            self.snapshot(league, own, output.version)
+        picks = self.pick(league, np.random.default_rng([output.version, len(matches)]))
+        weights = dict(own)
+        weights[f"{PREFIX}ids"] = torch.tensor([m["id"] for m in picks], dtype=torch.int64)
+        weights[f"{PREFIX}self_play"] = torch.tensor(s.self_play, dtype=torch.float64)
+        for slot, member in enumerate(picks):
+            for name, value in league["weights"].get(member["id"], {}).items():
+                weights[f"{PREFIX}{slot}/{name}"] = value
+        main = league["main"]["rating"]
+        metrics.update({
+            "league/rating_mu": main["mu"], "league/rating_sigma": main["sigma"],
+            "league/rating_ordinal": ordinal(main), "league/members": len(league["members"]),
+            **summary})
+        return dataclasses.replace(output, weights=weights, metrics=metrics,
+                                   coordinator=league)
+
+    def record(self, league: dict[str, Any], matches: list[Any]) -> dict[str, float]:
+        """Rate the games ``matches`` (``(member id, score)`` pairs) and update the win-rate
+        counts; returns this iteration's league columns about them."""
+        decay = self.settings.decay
+        by_id = {m["id"]: m for m in league["members"]}
+        for member in league["members"]:
+            member["score"] *= decay
+            member["games"] *= decay
+        scores, random_scores, self_games = [], [], 0
+        main = league["main"]
+        for ident, score in matches:
+            ident, score = int(ident), float(score)
+            main["played"] += 1
+            if ident == SELF:
+                self_games += 1
+                continue
+            member = by_id.get(ident)
+            if member is None:  # left the league while its game was played
+                continue
+            scores.append(score)
+            if member["kind"] == "random":
+                random_scores.append(score)
+            main["rating"], member["rating"] = rate_game(
+                main["rating"], member["rating"], score, b_fixed=member["kind"] == "random")
+            member["score"] += score
+            member["games"] += 1.0
+            member["played"] += 1
+            member["won"] += int(score == 0.0)  # the member's own wins
+            member["drawn"] += int(score == 0.5)
+        return {"league/games": float(len(scores)), "league/self_games": float(self_games),
+                "league/win_rate": float(np.mean(scores)) if scores else float("nan"),
+                "league/win_rate_random": (float(np.mean(random_scores)) if random_scores
+                                           else float("nan"))}
+
+    def snapshot(self, league: dict[str, Any], weights: Weights, version: int) -> None:
+        """Freeze ``weights`` as a member rated as the learning policy is now; the oldest
+        snapshot leaves beyond ``max_snapshots``."""
+        ident = league["next_id"]
+        league["next_id"] = ident + 1
+        league["members"].append({
+            "id": ident, "name": f"v{version}", "kind": "snapshot", "version": version,
+            "rating": dict(league["main"]["rating"]), "score": 0.0, "games": 0.0, "played": 0,
+            "won": 0, "drawn": 0})
+        league["weights"][ident] = {k: v.detach().clone() for k, v in weights.items()}
+        snaps = [m for m in league["members"] if m["kind"] == "snapshot"]
+        for old in snaps[: max(0, len(snaps) - self.settings.max_snapshots)]:
+            league["members"].remove(old)
+            league["weights"].pop(old["id"], None)
+
+    def probabilities(self, league: dict[str, Any]) -> np.ndarray:
+        """PFSP's chance of drawing each member of the league, in member order."""
+        rates = [estimated_win_rate(m["score"], m["games"]) for m in league["members"]]
+        return pfsp_probabilities(rates, self.settings.weighting)
+
+    def pick(self, league: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+        """The next iteration's opponent slots, drawn by PFSP with replacement."""
+        members = league["members"]
+        if not members:
+            return []
+        drawn = rng.choice(len(members), size=self.settings.slots, p=self.probabilities(league))
+        return [members[i] for i in drawn]
+
+
+def _copy(league: dict[str, Any]) -> dict[str, Any]:
+    """A copy to change: members and counters copied, snapshot tensors shared (frozen)."""
+    return {"main": {"rating": dict(league["main"]["rating"]),
+                     "played": league["main"]["played"]},
+            "members": [{**m, "rating": dict(m["rating"])} for m in league["members"]],
+            "weights": dict(league["weights"]), "next_id": league["next_id"]}
+
+
+def league_table(league: dict[str, Any]) -> list[dict[str, Any]]:
+    """The league as rows, best rated first: name, kind, rating, the learning policy's win
+    rate against the member (decayed estimate) and games played.
+
+    Examples
+    --------
+    >>> rows = league_table(new_league(LeagueSettings()))
+    >>> [(r["name"], r["games"]) for r in rows]
+    [('main', 0), ('random', 0)]
+    """
+    main = league["main"]
+    rows = [{"name": "main", "kind": "learner", "version": None, "mu": main["rating"]["mu"],
+             "sigma": main["rating"]["sigma"], "ordinal": ordinal(main["rating"]),
+             "main_win_rate": float("nan"), "games": main["played"], "won": 0, "drawn": 0}]
+    for m in league["members"]:
+        rows.append({"name": m["name"], "kind": m["kind"], "version": m["version"],
+                     "mu": m["rating"]["mu"], "sigma": m["rating"]["sigma"],
+                     "ordinal": ordinal(m["rating"]),
+                     "main_win_rate": estimated_win_rate(m["score"], m["games"]),
+                     "games": m["played"], "won": m["won"], "drawn": m["drawn"]})
+    return sorted(rows, key=lambda r: -r["ordinal"])
