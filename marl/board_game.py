@@ -1,0 +1,370 @@
+"""Two-player board games from PettingZoo's classic family (``connect_four_v3``,
+``tictactoe_v3``) through their AEC API: the masked policy network, the fixed players a
+league is measured against, and games between any two players.
+
+A classic game observes a board as planes ``(rows, cols, 2)`` (the mover's pieces, then the
+other's) and an ``action_mask``. Networks here take one flat vector per position: the planes,
+then the mask (:func:`flat_observation`), so the learner's batches stay plain arrays and the
+network masks illegal moves itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from daskrl.algos.networks import mlp
+
+GAMES = ("connect_four_v3", "tictactoe_v3")
+"""The PettingZoo classic games served: two seats, a board of planes and an action mask."""
+
+Player = Callable[[np.ndarray], np.ndarray]
+"""A player: flat observations ``[N, features]`` in, one legal action per row out."""
+
+
+def make_game(name: str) -> Any:
+    """A fresh AEC env of PettingZoo classic game ``name``.
+
+    Raises
+    ------
+    ValueError
+        In one line, for a game that is not served.
+
+    Examples
+    --------
+    >>> env = make_game("connect_four_v3")
+    >>> env.reset(seed=0); env.agent_selection
+    'player_0'
+    >>> make_game("chess_v6")
+    Traceback (most recent call last):
+    ...
+    ValueError: game 'chess_v6' is not served: choose connect_four_v3 or tictactoe_v3
+    """
+    if name not in GAMES:
+        raise ValueError(f"game {name!r} is not served: choose {' or '.join(GAMES)}")
+    return importlib.import_module(f"pettingzoo.classic.{name}").env()
+
+
+@dataclass(frozen=True)
+class GameShape:
+    """A game's board and move count, read from its spaces."""
+
+    board: tuple[int, ...]
+    """Shape of the observation planes, e.g. ``(6, 7, 2)``."""
+    actions: int
+    """Moves (the action mask's length)."""
+
+    @property
+    def features(self) -> int:
+        """Length of a flat observation: the planes, then the mask."""
+        return int(np.prod(self.board)) + self.actions
+
+    @classmethod
+    def of(cls, name: str) -> GameShape:
+        """The shape of game ``name``.
+
+        Examples
+        --------
+        >>> GameShape.of("connect_four_v3")
+        GameShape(board=(6, 7, 2), actions=7)
+        >>> GameShape.of("connect_four_v3").features
+        91
+        """
+        env = make_game(name)
+        space = env.observation_space(env.possible_agents[0])
+        return cls(tuple(space["observation"].shape), int(space["action_mask"].shape[0]))
+
+
+def flat_observation(observation: dict[str, np.ndarray]) -> np.ndarray:
+    """One position as the networks take it: the planes, then the mask, as float32.
+
+    Examples
+    --------
+    >>> obs = {"observation": np.zeros((3, 3, 2), np.int8), "action_mask": np.ones(9, np.int8)}
+    >>> flat_observation(obs).shape
+    (27,)
+    """
+    return np.concatenate([observation["observation"].reshape(-1),
+                           observation["action_mask"]]).astype(np.float32)
+
+
+def masked_logits(logits: Tensor, mask: Tensor) -> Tensor:
+    """``logits`` with illegal moves (mask 0) pushed to the dtype's lowest value."""
+    return logits.masked_fill(mask < 0.5, torch.finfo(logits.dtype).min)
+
+
+class MaskedActorCritic(nn.Module):
+    """Categorical policy over legal moves and a state value, from flat observations whose
+    last ``num_actions`` entries are the action mask.
+
+    It offers what :class:`daskrl.algos.networks.ActorCritic` promises, so PPO's learner
+    (:class:`daskrl.algos.learner.ActorCriticLearner`) trains it as it is.
+
+    Examples
+    --------
+    >>> net = MaskedActorCritic(18, 9)
+    >>> obs = np.zeros((2, 27), np.float32); obs[:, 18 + 4] = 1  # only the centre is legal
+    >>> a, logp, v = net.act(obs, torch.Generator().manual_seed(0))
+    >>> a.tolist(), logp.abs().max().item() < 1e-6
+    ([4, 4], True)
+    """
+
+    action_shape: tuple[int, ...] = ()
+    action_dtype: type = np.int64
+    obs_rms = None
+    ret_rms = None
+
+    def __init__(self, board_features: int, num_actions: int,
+                 hidden: tuple[int, ...] = (128, 128)) -> None:
+        super().__init__()
+        self.board_features, self.num_actions = board_features, num_actions
+        self.actor = mlp(board_features, num_actions, hidden, out_std=0.01)
+        self.critic = mlp(board_features, 1, hidden, out_std=1.0)
+
+    def _split(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        x = obs.float().reshape(len(obs), -1)
+        return x[:, : self.board_features], x[:, self.board_features :]
+
+    def logits(self, obs: Tensor) -> Tensor:
+        """Masked action logits."""
+        board, mask = self._split(obs)
+        return masked_logits(self.actor(board), mask)
+
+    def value(self, obs: Tensor) -> Tensor:
+        """State values, shape ``(B,)``."""
+        return self.critic(self._split(obs)[0]).squeeze(-1)
+
+    def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-probabilities of ``actions``, entropies over legal moves and values."""
+        board, mask = self._split(obs)
+        logp_all = torch.log_softmax(masked_logits(self.actor(board), mask), dim=-1)
+        logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all.clamp_min(-1e4)).sum(-1)
+        return logp, entropy, self.critic(board).squeeze(-1)
+
+    @torch.inference_mode()
+    def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
+            deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Legal actions (sampled, or the most likely), their log-probabilities and values."""
+        board, mask = self._split(torch.as_tensor(obs, dtype=torch.float32))
+        logp_all = torch.log_softmax(masked_logits(self.actor(board), mask), dim=-1)
+        if deterministic:
+            actions = logp_all.argmax(-1)
+        else:
+            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+        logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return actions, logp, self.critic(board).squeeze(-1)
+
+    def policy(self, deterministic: bool = True) -> MaskedPolicy:
+        """The policy alone (flat observations in, legal actions out)."""
+        return MaskedPolicy(self, deterministic)
+
+
+class MaskedPolicy(nn.Module):
+    """A :class:`MaskedActorCritic`'s policy as a module: ``forward(obs) -> actions``."""
+
+    def __init__(self, net: MaskedActorCritic, deterministic: bool = True) -> None:
+        super().__init__()
+        self.net, self.deterministic = net, deterministic
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """Legal actions (int64) for a batch of flat observations."""
+        return self.net.act(obs, deterministic=self.deterministic)[0]
+
+
+def network_player(net: MaskedActorCritic, deterministic: bool = False,
+                   seed: int = 0) -> Player:
+    """A player that moves by ``net`` (sampling from it unless ``deterministic``)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def play(obs: np.ndarray) -> np.ndarray:
+        return net.act(obs, generator, deterministic)[0].numpy()
+    return play
+
+
+def random_player(shape: GameShape, seed: int = 0) -> Player:
+    """A player that picks a legal move uniformly at random.
+
+    Examples
+    --------
+    >>> play = random_player(GameShape((3, 3, 2), 9))
+    >>> obs = np.zeros((1, 27), np.float32); obs[0, 18 + 7] = 1
+    >>> play(obs).tolist()
+    [7]
+    """
+    rng = np.random.default_rng(seed)
+
+    def play(obs: np.ndarray) -> np.ndarray:
+        mask = obs[:, -shape.actions :] > 0.5
+        noise = rng.random(mask.shape)
+        return np.where(mask, noise, -1.0).argmax(-1)
+    return play
+
+
+def landing_rows(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
+    """Connect Four: the row a piece dropped in each column lands on (-1 for a full column),
+    for boards ``[N, 6, 7]`` (row 0 at the top, as PettingZoo observes them)."""
+    empty = (mine + theirs) == 0
+    rows = np.arange(mine.shape[1])[None, :, None]
+    return np.where(empty, rows, -1).max(axis=1)
+
+
+def completes_four(pieces: np.ndarray, row: int, col: int) -> bool:
+    """Whether a piece at ``(row, col)`` makes four in a line with ``pieces`` (one board)."""
+    rows, cols = pieces.shape
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        count = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, col + sign * dc
+            while 0 <= r < rows and 0 <= c < cols and pieces[r, c]:
+                count += 1
+                r, c = r + sign * dr, c + sign * dc
+        if count >= 4:
+            return True
+    return False
+
+
+def winning_moves(mine: np.ndarray, theirs: np.ndarray) -> list[int]:
+    """Connect Four: the columns where the owner of ``mine`` wins at once (one board).
+
+    Examples
+    --------
+    >>> mine, theirs = np.zeros((6, 7)), np.zeros((6, 7))
+    >>> mine[5, 0:3] = 1; theirs[4, 0:3] = 1
+    >>> winning_moves(mine, theirs), winning_moves(theirs, mine)
+    ([3], [])
+    """
+    land = landing_rows(mine[None], theirs[None])[0]
+    return [c for c in range(mine.shape[1]) if land[c] >= 0 and completes_four(mine, land[c], c)]
+
+
+def lookahead_player(shape: GameShape, seed: int = 0) -> Player:
+    """Connect Four's one-step look-ahead player: it wins when it can, blocks a win of the
+    other player when it must, and otherwise moves at random among the legal moves.
+
+    Examples
+    --------
+    >>> shape = GameShape((6, 7, 2), 7)
+    >>> planes = np.zeros((6, 7, 2), np.float32); planes[5, 0:3, 1] = 1  # three of theirs
+    >>> obs = np.concatenate([planes.reshape(-1), np.ones(7, np.float32)])[None]
+    >>> lookahead_player(shape)(obs).tolist()  # blocks at column 3
+    [3]
+    """
+    if shape.board != (6, 7, 2):
+        raise ValueError(f"the look-ahead player plays connect_four_v3, not a board of shape "
+                         f"{shape.board}")
+    fallback = random_player(shape, seed)
+
+    def play(obs: np.ndarray) -> np.ndarray:
+        actions = fallback(obs)
+        planes = obs[:, : -shape.actions].reshape(len(obs), *shape.board)
+        for i in range(len(obs)):
+            mine, theirs = planes[i, :, :, 0], planes[i, :, :, 1]
+            win = winning_moves(mine, theirs)
+            block = winning_moves(theirs, mine) if not win else []
+            if win or block:
+                actions[i] = (win or block)[0]
+        return actions
+    return play
+
+
+@dataclass
+class Score:
+    """Games won, drawn and lost by one player against another."""
+
+    wins: int = 0
+    draws: int = 0
+    losses: int = 0
+
+    @property
+    def games(self) -> int:
+        """Games played."""
+        return self.wins + self.draws + self.losses
+
+    @property
+    def win_rate(self) -> float:
+        """Share of games won."""
+        return self.wins / max(1, self.games)
+
+    def interval(self, z: float = 1.96) -> tuple[float, float]:
+        """Wilson's 95 % interval of the win rate.
+
+        Examples
+        --------
+        >>> lo, hi = Score(wins=95, losses=5).interval()
+        >>> round(lo, 3), round(hi, 3)
+        (0.888, 0.978)
+        """
+        n = max(1, self.games)
+        p = self.wins / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return float(centre - half), float(centre + half)
+
+
+def play_games(game: str, first: Player, second: Player, games: int, seed: int = 0,
+               batch: int = 64) -> Score:
+    """``games`` games of ``first`` (the first seat, moving first) against ``second``,
+    ``batch`` at a time with one call of each player per move; ``first``'s score.
+
+    Examples
+    --------
+    >>> shape = GameShape.of("connect_four_v3")
+    >>> score = play_games("connect_four_v3", lookahead_player(shape, 1),
+    ...                    random_player(shape, 2), 40)
+    >>> score.games, score.win_rate > 0.7
+    (40, True)
+    """
+    score = Score()
+    done_games = 0
+    while done_games < games:
+        n = min(batch, games - done_games)
+        envs = [make_game(game) for _ in range(n)]
+        for i, env in enumerate(envs):
+            env.reset(seed=seed + done_games + i)
+        live = list(range(n))
+        while live:
+            movers: dict[str, list[int]] = {}
+            for i in live:
+                movers.setdefault(envs[i].agent_selection, []).append(i)
+            for agent, idx in movers.items():
+                obs = np.stack([flat_observation(envs[i].observe(agent)) for i in idx])
+                actions = (first if agent == envs[idx[0]].possible_agents[0] else second)(obs)
+                for i, a in zip(idx, actions, strict=True):
+                    envs[i].step(int(a))
+            still = []
+            for i in live:
+                env = envs[i]
+                if all(env.terminations.values()) or all(env.truncations.values()):
+                    reward = env.rewards[env.possible_agents[0]]
+                    score.wins += reward > 0
+                    score.losses += reward < 0
+                    score.draws += reward == 0
+                else:
+                    still.append(i)
+            live = still
+        done_games += n
+    return score
+
+
+def both_seats(game: str, player: Player, other: Player, games: int, seed: int = 0
+               ) -> dict[str, Score]:
+    """``player``'s score from each seat, ``games`` games in each.
+
+    Examples
+    --------
+    >>> shape = GameShape.of("tictactoe_v3")
+    >>> seats = both_seats("tictactoe_v3", random_player(shape, 1), random_player(shape, 2), 20)
+    >>> sorted(seats), seats["first"].games
+    (['first', 'second'], 20)
+    """
+    first = play_games(game, player, other, games, seed)
+    flipped = play_games(game, other, player, games, seed + games)
+    second = Score(flipped.losses, flipped.draws, flipped.wins)
+    return {"first": first, "second": second}
