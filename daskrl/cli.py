@@ -450,6 +450,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(status_table(args.sweep_dir))
             except FileNotFoundError as exc:
                 raise UserError(str(exc)) from None
+        if args.command == "league":
+            from daskrl.league.table import format_table, plot_ratings, read_league
+
+            try:
+                print(format_table(*read_league(args.run_dir)))
+                if args.plot is not None:
+                    print(f"wrote {plot_ratings(args.run_dir, args.plot)}")
+            except (FileNotFoundError, ValueError) as exc:
+                raise UserError(str(exc)) from None
         if args.command == "eval":
             return cmd_eval(args)
         if args.command == "export":

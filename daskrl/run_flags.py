@@ -145,6 +145,17 @@ def run_parser(graph_flags_help: str | None = None
                             allow_abbrev=False)
     status.add_argument("sweep_dir", type=Path, metavar="OUT",
                         help="the --out folder of a `daskrl sweep`")
+    league = sub.add_parser("league", help="the league table of a graphs/league.py run",
+                            description="Print the league of a run's latest checkpoint: each "
+                                        "member's OpenSkill rating (mu +- sigma, ranked by "
+                                        "mu - 3 sigma), the learning policy's win rate "
+                                        "against it and the games played; --plot also draws "
+                                        "the ratings over the run.",
+                            allow_abbrev=False)
+    league.add_argument("run_dir", type=Path, metavar="RUN",
+                        help="the --out folder of a `daskrl train graphs/league.py` run")
+    league.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                        help="also write the ratings over time to FILE (.png, .svg or .pdf)")
     plot = sub.add_parser("plot", help="learning curves of a run folder (PNG and SVG)",
                           description="Write returns, speed and losses figures (.png and .svg) "
                                       "for a run: returns raw and smoothed with evaluation "
