@@ -37,6 +37,7 @@ from marl.board_game import (
     random_player,
 )
 from marl.league_actor import GameActor
+from marl.league_learner import LeagueLearner, member_names
 
 
 @dataclass
@@ -46,11 +47,11 @@ class Config:
     env: Literal["connect_four_v3", "tictactoe_v3"] = setting(
         "PettingZoo classic two-player game", "connect_four_v3")
     num_actors: int = setting("actor replicas (each plays its own games)", 2)
-    num_envs: int = setting("games each actor plays at once", 32)
-    num_steps: int = setting("learner moves per game slot per rollout", 16)
+    num_envs: int = setting("games each actor plays at once (one forward pass per side)", 64)
+    num_steps: int = setting("learner moves per game slot per rollout", 8)
     update_epochs: int = setting("passes over each batch", 4)
     num_minibatches: int = setting("minibatches per epoch", 4)
-    learning_rate: float = setting("Adam learning rate", 3e-4)
+    learning_rate: float = setting("Adam learning rate", 1e-3)
     anneal_lr: bool = setting("anneal the learning rate linearly to 0", True)
     gamma: float = setting("discount factor", 0.99)
     gae_lambda: float = setting("GAE lambda", 0.95)
@@ -58,7 +59,11 @@ class Config:
     ent_coef: float = setting("entropy bonus coefficient", 0.01)
     vf_coef: float = setting("value loss coefficient", 0.5)
     max_grad_norm: float = setting("gradient-norm clip", 0.5)
-    hidden: int = setting("hidden units in each of the two layers", 128)
+    hidden: int = setting("hidden units (each of the MLP's two layers; the conv torso's one)",
+                          128)
+    torso: Literal["conv", "mlp"] = setting(
+        "the network's torso: convolutions over the board (then one hidden layer), or an MLP "
+        "over the flattened planes", "mlp")
     snapshot_every: int = setting("iterations between frozen snapshots of the policy", 10)
     max_snapshots: int = setting("snapshots kept in the league (the oldest leaves)", 20)
     self_play: float = setting("share of games against the latest policy itself", 0.2)
@@ -66,6 +71,10 @@ class Config:
         "PFSP weighting of an opponent by the learner's win rate x: (1-x)^2, x(1-x) or "
         "uniform", "hard")
     slots: int = setting("league opponents sent to the actors each iteration", 4)
+    exploiters: int = setting("main exploiters: learners trained only against the main "
+                              "agent's latest policy, their snapshots joining the league", 0)
+    exploiter_share: float = setting("share of the games that are an exploiter's against the "
+                                     "main agent", 0.25)
     eval_games: int = setting("games from each seat in an evaluation", 50)
 
     def hyper(self) -> PPOHyper:
@@ -79,26 +88,28 @@ class Config:
         """The coordinator's settings."""
         return LeagueSettings(snapshot_every=self.snapshot_every,
                               max_snapshots=self.max_snapshots, self_play=self.self_play,
-                              weighting=self.pfsp, slots=self.slots)
+                              weighting=self.pfsp, slots=self.slots,
+                              exploiters=self.exploiters)
 
 
 def network(config: Config) -> MaskedActorCritic:
     """The policy-value network for the game's board and moves."""
     shape = GameShape.of(config.env)
-    return MaskedActorCritic(shape.features - shape.actions, shape.actions,
-                             (config.hidden,) * 2)
+    return MaskedActorCritic(shape.board, shape.actions, (config.hidden,) * 2, config.torso)
 
 
-def make_learner(config: Config, seed: int, device: str) -> ActorCriticLearner:
-    """Role ``learner``: PPO on the learner's moves."""
-    return ActorCriticLearner(0, 0, seed, (config.hidden,) * 2, config.hyper(), device,
-                              network=partial(network, config))
+def make_learner(config: Config, seed: int, device: str) -> LeagueLearner:
+    """Role ``learner``: PPO for the main agent and each exploiter, on their own moves."""
+    def one(member_seed: int) -> ActorCriticLearner:
+        return ActorCriticLearner(0, 0, member_seed, (config.hidden,) * 2, config.hyper(),
+                                  device, network=partial(network, config))
+    return LeagueLearner(member_names(config.exploiters), one, seed)
 
 
 def make_actor(config: Config, seed: int) -> GameActor:
     """Role ``rollout``: games against the coordinator's picks."""
     return GameActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                     config.gae_lambda)
+                     config.gae_lambda, config.torso, config.exploiters, config.exploiter_share)
 
 
 def benchmark_player(config: Config, name: str, seed: int) -> Any:
@@ -161,6 +172,8 @@ def build(config: Config) -> Algorithm:
     if config.env not in GAMES:
         raise ValueError(f"--env {config.env!r} is not served: choose {' or '.join(GAMES)}")
     settings = config.league()  # checks the league's settings before any worker starts
+    if not 0.0 <= config.exploiter_share < 1.0:
+        raise ValueError(f"--exploiter-share must be in [0, 1), got {config.exploiter_share}")
     if config.eval_games < 1:
         raise ValueError(f"--eval-games must be >= 1, got {config.eval_games}")
     return Algorithm(

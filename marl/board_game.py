@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from daskrl.algos.networks import mlp
+from daskrl.algos.networks import conv, layer, mlp
 
 GAMES = ("connect_four_v3", "tictactoe_v3")
 """The PettingZoo classic games served: two seats, a board of planes and an action mask."""
@@ -103,16 +103,23 @@ class MaskedActorCritic(nn.Module):
     """Categorical policy over legal moves and a state value, from flat observations whose
     last ``num_actions`` entries are the action mask.
 
-    It offers what :class:`daskrl.algos.networks.ActorCritic` promises, so PPO's learner
+    ``torso="mlp"``: separate actor and critic MLPs over the flattened planes (as PPO's
+    discrete head). ``torso="conv"``: a shared convolutional torso over the board (two 3x3
+    convolutions, a 1x1 one down to 8 channels, then a hidden layer), which sees a line of
+    pieces wherever it lies on the board. It offers what
+    :class:`daskrl.algos.networks.ActorCritic` promises, so PPO's learner
     (:class:`daskrl.algos.learner.ActorCriticLearner`) trains it as it is.
 
     Examples
     --------
-    >>> net = MaskedActorCritic(18, 9)
+    >>> net = MaskedActorCritic((3, 3, 2), 9)
     >>> obs = np.zeros((2, 27), np.float32); obs[:, 18 + 4] = 1  # only the centre is legal
     >>> a, logp, v = net.act(obs, torch.Generator().manual_seed(0))
     >>> a.tolist(), logp.abs().max().item() < 1e-6
     ([4, 4], True)
+    >>> conv = MaskedActorCritic((6, 7, 2), 7, (128,), torso="conv")
+    >>> conv.evaluate(torch.zeros(5, 91), torch.zeros(5))[2].shape
+    torch.Size([5])
     """
 
     action_shape: tuple[int, ...] = ()
@@ -120,16 +127,34 @@ class MaskedActorCritic(nn.Module):
     obs_rms = None
     ret_rms = None
 
-    def __init__(self, board_features: int, num_actions: int,
-                 hidden: tuple[int, ...] = (128, 128)) -> None:
+    def __init__(self, board: tuple[int, ...], num_actions: int,
+                 hidden: tuple[int, ...] = (128, 128), torso: str = "mlp",
+                 channels: int = 32) -> None:
         super().__init__()
-        self.board_features, self.num_actions = board_features, num_actions
-        self.actor = mlp(board_features, num_actions, hidden, out_std=0.01)
-        self.critic = mlp(board_features, 1, hidden, out_std=1.0)
+        self.board, self.num_actions, self.torso = tuple(board), num_actions, torso
+        self.board_features = int(np.prod(board))
+        if torso == "mlp":
+            self.actor = mlp(self.board_features, num_actions, hidden, out_std=0.01)
+            self.critic = mlp(self.board_features, 1, hidden, out_std=1.0)
+        elif torso == "conv":
+            rows, cols, planes = self.board
+            width = hidden[-1]
+            self.body = nn.Sequential(
+                conv(planes, channels, 3, 1, padding=1), nn.ReLU(),
+                conv(channels, channels, 3, 1, padding=1), nn.ReLU(),
+                conv(channels, 8, 1, 1), nn.ReLU(), nn.Flatten(),
+                layer(8 * rows * cols, width), nn.ReLU())
+            self.actor = layer(width, num_actions, std=0.01)
+            self.critic = layer(width, 1, std=1.0)
+        else:
+            raise ValueError(f"torso {torso!r} is not known: choose mlp or conv")
 
     def _split(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         x = obs.float().reshape(len(obs), -1)
-        return x[:, : self.board_features], x[:, self.board_features :]
+        board, mask = x[:, : self.board_features], x[:, self.board_features :]
+        if self.torso == "conv":  # planes last in the observation, channels first for conv
+            board = self.body(board.reshape(len(x), *self.board).permute(0, 3, 1, 2))
+        return board, mask
 
     def logits(self, obs: Tensor) -> Tensor:
         """Masked action logits."""

@@ -1,10 +1,12 @@
 """A league's actor: games of a PettingZoo classic game between the learning policy and the
 opponents the coordinator picked (:class:`daskrl.league.LeagueCoordinator`).
 
-Each game seats the learner at random and draws its opponent: the latest policy itself with
-the league's ``self_play`` share, else one of the iteration's opponent slots. Only the
-learner's own moves become transitions; a game's result (+1, 0, -1 from the learner's seat)
-is the reward of its last move, and GAE runs over the learner's moves of that game. A game
+Each game seats its learning member at random. A main agent's game draws its opponent: the
+latest policy itself with the league's ``self_play`` share, else one of the iteration's
+opponent slots. With exploiters, an ``exploiter_share`` of the games are an exploiter's
+against the main agent's latest policy. Only the learning member's own moves become
+transitions (tagged with the member's index, ``member``); a game's result (+1, 0, -1 from
+its seat) is the reward of its last move, and GAE runs over the member's moves of that game. A game
 still going when a rollout ends goes on in the next one (its moves keep the log-probabilities
 of the policy that made them, which PPO's ratio accounts for).
 """
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskrl.league.coordinator import PREFIX, RANDOM, SELF, learner_weights
+from daskrl.league.coordinator import MAIN, PREFIX, RANDOM, SELF, member_weights
 from marl.board_game import (
     GameShape,
     MaskedActorCritic,
@@ -56,7 +58,7 @@ class GameActor:
     Examples
     --------
     >>> actor = GameActor("tictactoe_v3", 4, seed=0)
-    >>> net = MaskedActorCritic(18, 9)
+    >>> net = MaskedActorCritic((3, 3, 2), 9)
     >>> actor.set_weights(net.state_dict(), 0)
     >>> batch = actor.rollout(4)
     >>> len(batch["obs"]) >= 16, batch["obs"].shape[1], len(batch["stats"]["matches"]) > 0
@@ -64,12 +66,14 @@ class GameActor:
     """
 
     def __init__(self, game: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (128, 128),
-                 gamma: float = 0.99, gae_lambda: float = 0.95) -> None:
-        self.game, self.num_envs, self.hidden = game, num_envs, hidden
+                 gamma: float = 0.99, gae_lambda: float = 0.95, torso: str = "mlp",
+                 exploiters: int = 0, exploiter_share: float = 0.25) -> None:
+        self.game, self.num_envs, self.hidden, self.torso = game, num_envs, hidden, torso
+        self.exploiters, self.exploiter_share = exploiters, exploiter_share
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.shape = GameShape.of(game)
-        board = self.shape.features - self.shape.actions
-        self.net = MaskedActorCritic(board, self.shape.actions, hidden)
+        self.nets = [self._network() for _ in range(1 + exploiters)]  # main, then exploiters
+        self.net = self.nets[0]
         self.generator = torch.Generator().manual_seed(seed)
         self.rng = np.random.default_rng(seed)
         self.random = random_player(self.shape, seed + 1)
@@ -79,25 +83,31 @@ class GameActor:
         self.opponents: dict[int, MaskedActorCritic] = {}
         self.envs = [make_game(game) for _ in range(num_envs)]
         self.seat: list[str] = [""] * num_envs
+        self.member = [0] * num_envs  # whose game: 0 the main agent, 1 + i exploiter i
         self.against: list[int] = [SELF] * num_envs
         self.moves: list[list[tuple[np.ndarray, int, float, float]]] = [[] for _ in self.envs]
         self.plies = [0] * num_envs
         self._started = False
 
+    def _network(self) -> MaskedActorCritic:
+        return MaskedActorCritic(self.shape.board, self.shape.actions, self.hidden, self.torso)
+
     def resized(self, num_envs: int, seed: int) -> GameActor:
         """A copy playing ``num_envs`` games (fused replicas, ``single``)."""
-        return GameActor(self.game, num_envs, seed, self.hidden, self.gamma, self.gae_lambda)
+        return GameActor(self.game, num_envs, seed, self.hidden, self.gamma, self.gae_lambda,
+                         self.torso, self.exploiters, self.exploiter_share)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights and the coordinator's opponent slots."""
         if version == self.version:
             return
-        self.net.load_state_dict(learner_weights(weights))
+        for index, net in enumerate(self.nets):
+            net.load_state_dict(member_weights(weights, "main" if index == 0
+                                               else f"exploiter{index - 1}"))
         ids = weights.get(f"{PREFIX}ids")
         self.slots = [int(i) for i in ids.tolist()] if ids is not None else []
         share = weights.get(f"{PREFIX}self_play")
         self.self_play = float(share) if share is not None else 1.0
-        board = self.shape.features - self.shape.actions
         wanted: dict[int, MaskedActorCritic] = {}
         for slot, ident in enumerate(self.slots):
             if ident == RANDOM or ident in wanted:
@@ -105,7 +115,7 @@ class GameActor:
             net = self.opponents.get(ident)
             if net is None:  # snapshots are frozen: load each once
                 prefix = f"{PREFIX}{slot}/"
-                net = MaskedActorCritic(board, self.shape.actions, self.hidden)
+                net = self._network()
                 net.load_state_dict({k[len(prefix):]: v for k, v in weights.items()
                                      if k.startswith(prefix)})
             wanted[ident] = net
@@ -116,7 +126,11 @@ class GameActor:
         env = self.envs[i]
         env.reset(seed=int(self.rng.integers(2**31)))
         self.seat[i] = env.possible_agents[int(self.rng.integers(2))]
-        if not self.slots or self.rng.random() < self.self_play:
+        self.member[i] = 0
+        if self.exploiters and self.rng.random() < self.exploiter_share:
+            self.member[i] = 1 + int(self.rng.integers(self.exploiters))
+            self.against[i] = MAIN
+        elif not self.slots or self.rng.random() < self.self_play:
             self.against[i] = SELF
         else:
             self.against[i] = self.slots[int(self.rng.integers(len(self.slots)))]
@@ -124,7 +138,7 @@ class GameActor:
         self.plies[i] = 0
 
     def _opponent_moves(self, who: int, obs: np.ndarray) -> np.ndarray:
-        if who == SELF:
+        if who in (SELF, MAIN):
             return self.net.act(obs, self.generator)[0].numpy()
         net = self.opponents.get(who)
         if net is None:  # the random player (or a member whose weights did not come)
@@ -140,30 +154,31 @@ class GameActor:
                 self._new_game(i)
             self._started = True
         target = num_steps * self.num_envs
-        out: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                        np.ndarray]] = []
+        out: list[tuple[np.ndarray, ...]] = []
         collected = 0
-        matches: list[tuple[int, float]] = []
+        matches: list[tuple[int, int, float]] = []
         returns: list[float] = []
         lengths: list[int] = []
+        exploiter_returns: list[float] = []
         inference_s = env_s = 0.0
         while collected < target:
-            groups: dict[int | str, list[int]] = {}
+            groups: dict[tuple[str, int], list[int]] = {}
             for i, env in enumerate(self.envs):
-                mover = "learner" if env.agent_selection == self.seat[i] else self.against[i]
+                mover = (("learner", self.member[i]) if env.agent_selection == self.seat[i]
+                         else ("opponent", self.against[i]))
                 groups.setdefault(mover, []).append(i)
-            for mover, idx in groups.items():
+            for (side, who), idx in groups.items():
                 t0 = time.perf_counter()
                 obs = np.stack([flat_observation(self.envs[i].observe(
                     self.envs[i].agent_selection)) for i in idx])
-                if mover == "learner":
-                    actions, logp, values = self.net.act(obs, self.generator)
+                if side == "learner":
+                    actions, logp, values = self.nets[who].act(obs, self.generator)
                     actions = actions.numpy()
                     for j, i in enumerate(idx):
                         self.moves[i].append((obs[j], int(actions[j]), float(logp[j]),
                                               float(values[j])))
                 else:
-                    actions = self._opponent_moves(int(mover), obs)
+                    actions = self._opponent_moves(who, obs)
                 t1 = time.perf_counter()
                 for i, a in zip(idx, actions, strict=True):
                     self.envs[i].step(int(a))
@@ -180,22 +195,29 @@ class GameActor:
                     adv, ret = game_advantages(values, reward, self.gamma, self.gae_lambda)
                     out.append((np.stack([m[0] for m in moves]),
                                 np.array([m[1] for m in moves], np.int64),
-                                np.array([m[2] for m in moves], np.float32), values, adv, ret))
+                                np.array([m[2] for m in moves], np.float32), values, adv, ret,
+                                np.full(len(moves), self.member[i], np.int64)))
                     collected += len(moves)
-                matches.append((self.against[i], 0.5 + 0.5 * float(np.sign(reward))))
-                returns.append(reward)
-                lengths.append(self.plies[i])
+                matches.append((self.member[i], self.against[i],
+                                0.5 + 0.5 * float(np.sign(reward))))
+                if self.member[i] == 0:  # the run's returns are the main agent's
+                    returns.append(reward)
+                    lengths.append(self.plies[i])
+                else:
+                    exploiter_returns.append(reward)
                 self._new_game(i)
-        obs, actions, logp, values, adv, ret = (np.concatenate(parts) for parts in zip(*out,
-                                                                                       strict=True))
+        obs, actions, logp, values, adv, ret, member = (
+            np.concatenate(parts) for parts in zip(*out, strict=True))
         return {
             "obs": obs, "actions": actions, "logp": logp, "values": values,
-            "advantages": adv, "returns": ret,
+            "advantages": adv, "returns": ret, "member": member,
             "stats": {"env_steps": len(obs), "rollout_steps": int(sum(lengths)),
                       "episode_returns": returns, "episode_lengths": lengths,
                       "matches": matches, "t_start": t_start, "t_end": time.time(),
                       "inference_s": inference_s, "env_s": env_s,
-                      "policy_version": self.version},
+                      "policy_version": self.version,
+                      **({"team_returns": {"exploiters": exploiter_returns}}
+                         if self.exploiters else {})},
         }
 
     def close(self) -> None:

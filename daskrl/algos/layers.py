@@ -82,15 +82,16 @@ class ScaleBytes(nn.Module):
         return x.to(torch.float32) / 255.0
 
 
-def conv(n_in: int, n_out: int, kernel: int, stride: int) -> nn.Conv2d:
-    """A convolution with orthogonal weights (gain sqrt 2) and zero bias.
+def conv(n_in: int, n_out: int, kernel: int, stride: int, padding: int = 0) -> nn.Conv2d:
+    """A convolution with orthogonal weights (gain sqrt 2) and zero bias (``padding`` zeros
+    around the input).
 
     Examples
     --------
     >>> conv(4, 32, 8, 4).weight.shape
     torch.Size([32, 4, 8, 8])
     """
-    c = nn.Conv2d(n_in, n_out, kernel, stride)
+    c = nn.Conv2d(n_in, n_out, kernel, stride, padding=padding)
     nn.init.orthogonal_(c.weight, math.sqrt(2))
     nn.init.constant_(c.bias, 0.0)
     return c

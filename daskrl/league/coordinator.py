@@ -12,8 +12,11 @@ What it puts into the weights the actors receive (besides the learner's own):
 - ``league/<slot>/<param>``: a snapshot slot's policy weights (a random-player slot has none);
 - ``league/self_play``: the share of games played against the latest policy itself.
 
-The actors report each finished game as ``(member id, score)`` in their batches' stats
-(``matches``; id :data:`SELF` for a game against the latest policy).
+The actors report each finished game as ``(learning member, opponent id, score)`` in their
+batches' stats (``matches``): the learning member's index (0 the main agent, ``1 + i``
+exploiter ``i``), the opponent's member id (:data:`SELF` for the main agent's latest policy
+against itself, :data:`MAIN` for an exploiter's game against it) and the learning member's
+score (1 win, 0.5 draw, 0 loss).
 """
 
 from __future__ import annotations
@@ -33,11 +36,14 @@ PREFIX = "league/"
 """Weights under this prefix are the league's, not the learner's."""
 SELF = -1
 """The member id the actors report for a game against the latest policy itself."""
+MAIN = -2
+"""The opponent id an exploiter's game reports: the main agent's latest policy."""
 RANDOM = 0
 """The id of the uniformly random player, the league's fixed anchor."""
 
 COLUMNS = ("league/rating_mu", "league/rating_sigma", "league/rating_ordinal", "league/members",
-           "league/games", "league/self_games", "league/win_rate", "league/win_rate_random")
+           "league/games", "league/self_games", "league/win_rate", "league/win_rate_random",
+           "league/exploiter_games", "league/exploiter_win_rate")
 """The ``metrics.csv`` columns the coordinator writes every iteration."""
 
 
@@ -69,10 +75,16 @@ class LeagueSettings:
     """Per-iteration decay of the win-rate counts: the estimate follows a changing learner."""
     random_player: bool = True
     """Keep the uniformly random player in the league (the rating anchor)."""
+    exploiters: int = 0
+    """Main exploiters learning beside the main agent, trained only against its latest
+    policy (AlphaStar's): their snapshots join the league, so the main agent meets the
+    weaknesses they found."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.self_play <= 1.0:
             raise ValueError(f"self_play must be in [0, 1], got {self.self_play}")
+        if self.exploiters < 0:
+            raise ValueError(f"exploiters must be >= 0, got {self.exploiters}")
         for name in ("snapshot_every", "max_snapshots", "slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -81,8 +93,24 @@ class LeagueSettings:
 
 
 def learner_weights(weights: Weights) -> Weights:
-    """The learner's own weights from what the actors receive (the league's left out)."""
-    return {k: v for k, v in weights.items() if not k.startswith(PREFIX)}
+    """The main agent's weights from what the actors receive: the names without a ``/``
+    (the league's picks and the exploiters' weights are under prefixes)."""
+    return {k: v for k, v in weights.items() if "/" not in k}
+
+
+def member_weights(weights: Weights, member: str) -> Weights:
+    """One learning member's weights: ``main``'s, or an exploiter's under ``<member>/``.
+
+    Examples
+    --------
+    >>> w = {"a": 1, "exploiter0/a": 2, "league/ids": 3}
+    >>> member_weights(w, "main"), member_weights(w, "exploiter0")
+    ({'a': 1}, {'a': 2})
+    """
+    if member == "main":
+        return learner_weights(weights)
+    prefix = f"{member}/"
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
 def new_league(settings: LeagueSettings) -> dict[str, Any]:
@@ -90,8 +118,10 @@ def new_league(settings: LeagueSettings) -> dict[str, Any]:
     members = [{"id": RANDOM, "name": "random", "kind": "random", "version": None,
                 "rating": new_rating(), "score": 0.0, "games": 0.0, "played": 0, "won": 0,
                 "drawn": 0}] if settings.random_player else []
+    exploiters = [{"name": f"exploiter{i}", "rating": new_rating(), "played": 0, "won": 0,
+                   "drawn": 0} for i in range(settings.exploiters)]
     return {"main": {"rating": new_rating(), "played": 0}, "members": members, "weights": {},
-            "next_id": RANDOM + 1}
+            "next_id": RANDOM + 1, "exploiters": exploiters}
 
 
 class LeagueCoordinator:
@@ -122,13 +152,16 @@ class LeagueCoordinator:
         league = _copy(output.coordinator) if output.coordinator else new_league(s)
         metrics = dict(output.metrics)
         matches = metrics.pop("matches", [])
-        own = learner_weights(output.weights)
+        own = {k: v for k, v in output.weights.items() if not k.startswith(PREFIX)}
         summary = self.record(league, matches)
         if output.version % s.snapshot_every == 0 and not any(
                 m["version"] == output.version for m in league["members"]):
-            self.snapshot(league, own, output.version)
+            self.snapshot(league, learner_weights(own), output.version)
+            for exploiter in league["exploiters"]:
+                self.snapshot(league, member_weights(output.weights, exploiter["name"]),
+                              output.version, exploiter)
         picks = self.pick(league, np.random.default_rng([output.version, len(matches)]))
-        weights = dict(own)
+        weights = dict(own)  # the learning members' weights
         weights[f"{PREFIX}ids"] = torch.tensor([m["id"] for m in picks], dtype=torch.int64)
         weights[f"{PREFIX}self_play"] = torch.tensor(s.self_play, dtype=torch.float64)
         for slot, member in enumerate(picks):
@@ -143,17 +176,28 @@ class LeagueCoordinator:
                                    coordinator=league)
 
     def record(self, league: dict[str, Any], matches: list[Any]) -> dict[str, float]:
-        """Rate the games ``matches`` (``(member id, score)`` pairs) and update the win-rate
-        counts; returns this iteration's league columns about them."""
+        """Rate the games ``matches`` (``(learning member, opponent id, score)``; a pair
+        ``(opponent id, score)`` is the main agent's) and update the win-rate counts;
+        returns this iteration's league columns about them."""
         decay = self.settings.decay
         by_id = {m["id"]: m for m in league["members"]}
         for member in league["members"]:
             member["score"] *= decay
             member["games"] *= decay
-        scores, random_scores, self_games = [], [], 0
+        scores, random_scores, exploiter_scores, self_games = [], [], [], 0
         main = league["main"]
-        for ident, score in matches:
-            ident, score = int(ident), float(score)
+        for match in matches:
+            learning, ident, score = (0, *match) if len(match) == 2 else match
+            learning, ident, score = int(learning), int(ident), float(score)
+            if learning > 0:  # an exploiter's game against the main agent
+                exploiter = league["exploiters"][learning - 1]
+                exploiter_scores.append(score)
+                exploiter["played"] += 1
+                exploiter["won"] += int(score == 1.0)
+                exploiter["drawn"] += int(score == 0.5)
+                exploiter["rating"], main["rating"] = rate_game(
+                    exploiter["rating"], main["rating"], score)
+                continue
             main["played"] += 1
             if ident == SELF:
                 self_games += 1
@@ -172,21 +216,24 @@ class LeagueCoordinator:
             member["won"] += int(score == 0.0)  # the member's own wins
             member["drawn"] += int(score == 0.5)
         return {"league/games": float(len(scores)), "league/self_games": float(self_games),
-                "league/win_rate": float(np.mean(scores)) if scores else float("nan"),
-                "league/win_rate_random": (float(np.mean(random_scores)) if random_scores
-                                           else float("nan"))}
+                "league/win_rate": _mean(scores), "league/win_rate_random": _mean(random_scores),
+                "league/exploiter_games": float(len(exploiter_scores)),
+                "league/exploiter_win_rate": _mean(exploiter_scores)}
 
-    def snapshot(self, league: dict[str, Any], weights: Weights, version: int) -> None:
-        """Freeze ``weights`` as a member rated as the learning policy is now; the oldest
-        snapshot leaves beyond ``max_snapshots``."""
+    def snapshot(self, league: dict[str, Any], weights: Weights, version: int,
+                 exploiter: dict[str, Any] | None = None) -> None:
+        """Freeze ``weights`` (the main agent's, or ``exploiter``'s) as a member rated as its
+        learner is now; the oldest snapshot leaves beyond ``max_snapshots``."""
         ident = league["next_id"]
         league["next_id"] = ident + 1
+        source = exploiter or league["main"]
         league["members"].append({
-            "id": ident, "name": f"v{version}", "kind": "snapshot", "version": version,
-            "rating": dict(league["main"]["rating"]), "score": 0.0, "games": 0.0, "played": 0,
-            "won": 0, "drawn": 0})
+            "id": ident, "kind": "snapshot" if exploiter is None else "exploiter",
+            "name": f"v{version}" if exploiter is None else f"{exploiter['name']}-v{version}",
+            "version": version, "rating": dict(source["rating"]), "score": 0.0, "games": 0.0,
+            "played": 0, "won": 0, "drawn": 0})
         league["weights"][ident] = {k: v.detach().clone() for k, v in weights.items()}
-        snaps = [m for m in league["members"] if m["kind"] == "snapshot"]
+        snaps = [m for m in league["members"] if m["kind"] in ("snapshot", "exploiter")]
         for old in snaps[: max(0, len(snaps) - self.settings.max_snapshots)]:
             league["members"].remove(old)
             league["weights"].pop(old["id"], None)
@@ -205,11 +252,17 @@ class LeagueCoordinator:
         return [members[i] for i in drawn]
 
 
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
 def _copy(league: dict[str, Any]) -> dict[str, Any]:
     """A copy to change: members and counters copied, snapshot tensors shared (frozen)."""
     return {"main": {"rating": dict(league["main"]["rating"]),
                      "played": league["main"]["played"]},
             "members": [{**m, "rating": dict(m["rating"])} for m in league["members"]],
+            "exploiters": [{**x, "rating": dict(x["rating"])}
+                           for x in league.get("exploiters", [])],
             "weights": dict(league["weights"]), "next_id": league["next_id"]}
 
 
@@ -227,6 +280,11 @@ def league_table(league: dict[str, Any]) -> list[dict[str, Any]]:
     rows = [{"name": "main", "kind": "learner", "version": None, "mu": main["rating"]["mu"],
              "sigma": main["rating"]["sigma"], "ordinal": ordinal(main["rating"]),
              "main_win_rate": float("nan"), "games": main["played"], "won": 0, "drawn": 0}]
+    for x in league.get("exploiters", []):  # learning too: rated by their games with main
+        rows.append({"name": x["name"], "kind": "learner", "version": None,
+                     "mu": x["rating"]["mu"], "sigma": x["rating"]["sigma"],
+                     "ordinal": ordinal(x["rating"]), "main_win_rate": float("nan"),
+                     "games": x["played"], "won": x["won"], "drawn": x["drawn"]})
     for m in league["members"]:
         rows.append({"name": m["name"], "kind": m["kind"], "version": m["version"],
                      "mu": m["rating"]["mu"], "sigma": m["rating"]["sigma"],

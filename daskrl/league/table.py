@@ -42,18 +42,18 @@ def format_table(league: dict[str, Any], iteration: int) -> str:
     >>> from daskrl.league.coordinator import LeagueSettings, new_league
     >>> print(format_table(new_league(LeagueSettings()), 0))  # doctest: +NORMALIZE_WHITESPACE
     league after iteration 0: 2 players
-    name     kind      rating         ordinal  main wins  games  won  drawn
-    main     learner   25.00 ± 8.33     0.00          -      0    -      -
-    random   random    25.00 ± 8.33     0.00       0.50      0    0      0
+    name            kind      rating         ordinal  main wins  games  won  drawn
+    main            learner   25.00 ± 8.33     0.00          -      0    -      -
+    random          random    25.00 ± 8.33     0.00       0.50      0    0      0
     """
     rows = league_table(league)
     lines = [f"league after iteration {iteration}: {len(rows)} players",
-             f"{'name':8} {'kind':9} {'rating':14} {'ordinal':>7}  {'main wins':>9}  "
+             f"{'name':15} {'kind':9} {'rating':14} {'ordinal':>7}  {'main wins':>9}  "
              f"{'games':>5}  {'won':>3}  {'drawn':>5}"]
     for r in rows:
-        learner = r["kind"] == "learner"
+        learner = r["name"] == "main"
         rate = "-" if math.isnan(r["main_win_rate"]) else f"{r['main_win_rate']:.2f}"
-        lines.append(f"{r['name']:8} {r['kind']:9} {r['mu']:5.2f} ± {r['sigma']:5.2f}  "
+        lines.append(f"{r['name']:15} {r['kind']:9} {r['mu']:5.2f} ± {r['sigma']:5.2f}  "
                      f"{r['ordinal']:7.2f}  {rate:>9}  {r['games']:5d}  "
                      f"{'-' if learner else r['won']:>3}  {'-' if learner else r['drawn']:>5}")
     return "\n".join(lines)
