@@ -27,7 +27,7 @@ import pytest
 from distributed import Client
 
 from daskrl.core.scheduler_workers import scheduler_workers
-from daskrl.runtime.checkpoint import list_checkpoints
+from daskrl.runtime.checkpoint import list_checkpoints, load_latest
 
 pytestmark = pytest.mark.chaos
 
@@ -204,6 +204,21 @@ def test_every_distribution_survives_a_killed_worker(
         extra = [*extra, "--num-actors", "1", "--num-envs", str(ACTORS * ENVS)]
     _kill_worker_mid_run(tmp_path, chaos_nanny_cluster, graph,
                          ["--distribution", distribution, *extra])
+
+
+def test_a_league_survives_losing_its_coordinators_worker(
+        tmp_path: Path, chaos_nanny_cluster: Path) -> None:
+    """The coordinator sits on worker ``a``, which is killed mid-run: the league goes on from
+    the last iteration's output, with every snapshot made before the kill."""
+    league = ["--env", "tictactoe_v3", *SMALL, "--snapshot-every", "2", "--torso", "mlp",
+              "--hidden", "16", "--resources", "coordinator=CPU:1"]
+    rows, _ = _kill_worker_mid_run(tmp_path, chaos_nanny_cluster, "graphs/league.py", league)
+    assert rows[0]["coordinator_worker"] == "a"
+    members = [int(float(r["league/members"])) for r in rows]
+    assert members == sorted(members) and members[-1] == 1 + ITERATIONS // 2 + 1, members
+    kept = load_latest(tmp_path / "run" / "checkpoints")["coordinator"]
+    assert [m["name"] for m in kept["members"]] == [
+        "random", *(f"v{k}" for k in range(0, ITERATIONS + 1, 2))]
 
 
 def test_the_pool_shrinks_without_a_nanny(tmp_path: Path) -> None:

@@ -352,7 +352,8 @@ def coordinate(ctx: TaskContext, algo: Algorithm, previous: LearnerOutput,
     if result.version != output.version:
         raise ValueError(f"the coordinator changed the learner output's version from "
                          f"{output.version} to {result.version}: it must keep it")
-    return result
+    return dataclasses.replace(result, metrics={**result.metrics,
+                                                "coordinator_worker": worker_name()})
 
 
 def without_coordinator_state(output: LearnerOutput) -> LearnerOutput:
