@@ -20,9 +20,10 @@ from daskrl.compat import graph_annotations
 from daskrl.core.fragment import Fragment
 from daskrl.core.keys import task_key
 from daskrl.core.placement import plan_placement
-from daskrl.core.roles import evaluate
+from daskrl.core.roles import coordinate, evaluate
 from daskrl.core.script import MissingExtra
 from daskrl.distributions import Distribution, IterationInputs, get_distribution, is_auto
+from daskrl.distributions.base import coordinated
 
 EXAMPLE_WORKERS: dict[str, dict[str, float]] = {
     "cpu-0": {"CPU": 1}, "cpu-1": {"CPU": 1}, "gpu-0": {"CPU": 1, "GPU": 1}}
@@ -61,10 +62,15 @@ def iteration_graph(graph_path: str, distribution: str | None,
     dist.check(algo)
     frags = dist.fragments(algo)
     frags.append(Fragment(evaluate, "evaluate", algo.resources_for("evaluate")))
+    if algo.make_coordinator is not None:
+        frags.append(Fragment(coordinate, "coordinator", algo.resources_for("coordinator")))
     placement = plan_placement(frags, dict(workers or EXAMPLE_WORKERS))
     learner_in = _previous(iteration, placement.worker("learner", 0))
     inputs = IterationInputs(algo, placement, _RUN, 0, iteration, iteration + 2, learner_in)
-    return dist.sketch(inputs), algo, placement, dist
+    graph = dist.sketch(inputs)
+    if algo.make_coordinator is not None:  # as the run loop follows each iteration
+        graph = coordinated(inputs, graph, learner_in)
+    return graph, algo, placement, dist
 
 
 def _previous(iteration: int, worker: str | None) -> Delayed:
