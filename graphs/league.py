@@ -75,6 +75,8 @@ class Config:
                               "agent's latest policy, their snapshots joining the league", 0)
     exploiter_share: float = setting("share of the games that are an exploiter's against the "
                                      "main agent", 0.25)
+    rating_share: float = setting("share of the games between two league members (no "
+                                  "learner), which rate the members among themselves", 0.1)
     eval_games: int = setting("games from each seat in an evaluation", 50)
 
     def hyper(self) -> PPOHyper:
@@ -109,7 +111,8 @@ def make_learner(config: Config, seed: int, device: str) -> LeagueLearner:
 def make_actor(config: Config, seed: int) -> GameActor:
     """Role ``rollout``: games against the coordinator's picks."""
     return GameActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
-                     config.gae_lambda, config.torso, config.exploiters, config.exploiter_share)
+                     config.gae_lambda, config.torso, config.exploiters, config.exploiter_share,
+                     config.rating_share)
 
 
 def benchmark_player(config: Config, name: str, seed: int) -> Any:
@@ -172,6 +175,8 @@ def build(config: Config) -> Algorithm:
     if config.env not in GAMES:
         raise ValueError(f"--env {config.env!r} is not served: choose {' or '.join(GAMES)}")
     settings = config.league()  # checks the league's settings before any worker starts
+    if not 0.0 <= config.rating_share < 1.0:
+        raise ValueError(f"--rating-share must be in [0, 1), got {config.rating_share}")
     if not 0.0 <= config.exploiter_share < 1.0:
         raise ValueError(f"--exploiter-share must be in [0, 1), got {config.exploiter_share}")
     if config.eval_games < 1:

@@ -4,7 +4,9 @@ opponents the coordinator picked (:class:`daskrl.league.LeagueCoordinator`).
 Each game seats its learning member at random. A main agent's game draws its opponent: the
 latest policy itself with the league's ``self_play`` share, else one of the iteration's
 opponent slots. With exploiters, an ``exploiter_share`` of the games are an exploiter's
-against the main agent's latest policy. Only the learning member's own moves become
+against the main agent's latest policy, and a ``rating_share`` are rating games between two
+of the iteration's league members (no learner; only their result counts, for the members'
+ratings). Only the learning member's own moves become
 transitions (tagged with the member's index, ``member``); a game's result (+1, 0, -1 from
 its seat) is the reward of its last move, and GAE runs over the member's moves of that game. A game
 still going when a rollout ends goes on in the next one (its moves keep the log-probabilities
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from daskrl.league.coordinator import MAIN, PREFIX, RANDOM, SELF, member_weights
+from daskrl.league.coordinator import MAIN, PREFIX, RANDOM, RATING, SELF, member_weights
 from marl.board_game import (
     GameShape,
     MaskedActorCritic,
@@ -67,9 +69,11 @@ class GameActor:
 
     def __init__(self, game: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (128, 128),
                  gamma: float = 0.99, gae_lambda: float = 0.95, torso: str = "mlp",
-                 exploiters: int = 0, exploiter_share: float = 0.25) -> None:
+                 exploiters: int = 0, exploiter_share: float = 0.25,
+                 rating_share: float = 0.0) -> None:
         self.game, self.num_envs, self.hidden, self.torso = game, num_envs, hidden, torso
         self.exploiters, self.exploiter_share = exploiters, exploiter_share
+        self.rating_share = rating_share
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.shape = GameShape.of(game)
         self.nets = [self._network() for _ in range(1 + exploiters)]  # main, then exploiters
@@ -84,6 +88,7 @@ class GameActor:
         self.envs = [make_game(game) for _ in range(num_envs)]
         self.seat: list[str] = [""] * num_envs
         self.member = [0] * num_envs  # whose game: 0 the main agent, 1 + i exploiter i
+        self.rated = [RANDOM] * num_envs  # a rating game's member in the ``seat`` seat
         self.against: list[int] = [SELF] * num_envs
         self.moves: list[list[tuple[np.ndarray, int, float, float]]] = [[] for _ in self.envs]
         self.plies = [0] * num_envs
@@ -95,7 +100,7 @@ class GameActor:
     def resized(self, num_envs: int, seed: int) -> GameActor:
         """A copy playing ``num_envs`` games (fused replicas, ``single``)."""
         return GameActor(self.game, num_envs, seed, self.hidden, self.gamma, self.gae_lambda,
-                         self.torso, self.exploiters, self.exploiter_share)
+                         self.torso, self.exploiters, self.exploiter_share, self.rating_share)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights and the coordinator's opponent slots."""
@@ -127,7 +132,11 @@ class GameActor:
         env.reset(seed=int(self.rng.integers(2**31)))
         self.seat[i] = env.possible_agents[int(self.rng.integers(2))]
         self.member[i] = 0
-        if self.exploiters and self.rng.random() < self.exploiter_share:
+        members = sorted(set(self.slots))
+        if len(members) >= 2 and self.rng.random() < self.rating_share:
+            a, b = self.rng.choice(members, 2, replace=False)
+            self.member[i], self.rated[i], self.against[i] = RATING, int(a), int(b)
+        elif self.exploiters and self.rng.random() < self.exploiter_share:
             self.member[i] = 1 + int(self.rng.integers(self.exploiters))
             self.against[i] = MAIN
         elif not self.slots or self.rng.random() < self.self_play:
@@ -156,7 +165,7 @@ class GameActor:
         target = num_steps * self.num_envs
         out: list[tuple[np.ndarray, ...]] = []
         collected = 0
-        matches: list[tuple[int, int, float]] = []
+        matches: list[tuple[Any, ...]] = []
         returns: list[float] = []
         lengths: list[int] = []
         exploiter_returns: list[float] = []
@@ -164,8 +173,12 @@ class GameActor:
         while collected < target:
             groups: dict[tuple[str, int], list[int]] = {}
             for i, env in enumerate(self.envs):
-                mover = (("learner", self.member[i]) if env.agent_selection == self.seat[i]
-                         else ("opponent", self.against[i]))
+                if env.agent_selection != self.seat[i]:
+                    mover = ("opponent", self.against[i])
+                elif self.member[i] == RATING:
+                    mover = ("opponent", self.rated[i])
+                else:
+                    mover = ("learner", self.member[i])
                 groups.setdefault(mover, []).append(i)
             for (side, who), idx in groups.items():
                 t0 = time.perf_counter()
@@ -189,6 +202,11 @@ class GameActor:
                 if not all(env.terminations.values()) and not all(env.truncations.values()):
                     continue
                 reward = float(env.rewards[self.seat[i]])
+                if self.member[i] == RATING:  # two league members: only its result counts
+                    matches.append((RATING, self.rated[i], self.against[i],
+                                    0.5 + 0.5 * float(np.sign(reward))))
+                    self._new_game(i)
+                    continue
                 moves = self.moves[i]
                 if moves:
                     values = np.array([m[3] for m in moves], np.float32)

@@ -24,6 +24,7 @@ from daskrl.distributions import Unsupported, get_distribution
 from daskrl.league.coordinator import (
     MAIN,
     RANDOM,
+    RATING,
     SELF,
     LeagueCoordinator,
     LeagueSettings,
@@ -198,6 +199,34 @@ def test_the_actor_plays_the_coordinators_picks():
     actor.rollout(40)  # 80+ moves of every game: the games begun before the change end
     later = actor.rollout(8)["stats"]["matches"]
     assert later and {m[1] for m in later} == {SELF}
+
+
+def test_rating_games_between_league_members_rate_them_among_themselves():
+    actor = GameActor("tictactoe_v3", 16, seed=2, hidden=(16,), rating_share=0.5)
+    net = MaskedActorCritic((3, 3, 2), 9, (16,))
+    weights = dict(net.state_dict())
+    weights.update({f"league/1/{k}": v for k, v in net.state_dict().items()})
+    weights["league/ids"] = torch.tensor([RANDOM, 7])
+    weights["league/self_play"] = torch.tensor(0.0)
+    actor.set_weights(weights, 1)
+    batch = actor.rollout(16)
+    rated = [m for m in batch["stats"]["matches"] if m[0] == RATING]
+    assert rated and all({m[1], m[2]} == {RANDOM, 7} and len(m) == 4 for m in rated)
+    played = [m for m in batch["stats"]["matches"] if m[0] != RATING]
+    assert len(batch["stats"]["episode_returns"]) == len(played)  # no transitions, no returns
+    # the coordinator rates the two members; the random anchor keeps its rating
+    settings = LeagueSettings(snapshot_every=1)
+    coordinator = LeagueCoordinator(settings)
+    league = coordinator.coordinate(LearnerOutput(0, {}, {"w": torch.zeros(1)}, {}), -1)
+    v0 = next(m["id"] for m in league.coordinator["members"] if m["name"] == "v0")
+    games = [(RATING, v0, RANDOM, 1.0)] * 6 + [(RATING, RANDOM, v0, 0.0)] * 6
+    after = coordinator.coordinate(LearnerOutput(1, {}, {"w": torch.zeros(1)},
+                                                 {"matches": games},
+                                                 coordinator=league.coordinator), 0)
+    members = {m["name"]: m for m in after.coordinator["members"]}
+    assert members["v0"]["rating"]["mu"] > 30 and after.metrics["league/rating_games"] == 12
+    assert members["random"]["rating"] == league.coordinator["members"][0]["rating"]
+    assert after.coordinator["main"]["played"] == 0  # not the main agent's games
 
 
 def test_exploiters_play_the_main_agent_and_learn_only_from_their_own_moves():

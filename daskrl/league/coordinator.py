@@ -16,7 +16,8 @@ The actors report each finished game as ``(learning member, opponent id, score)`
 batches' stats (``matches``): the learning member's index (0 the main agent, ``1 + i``
 exploiter ``i``), the opponent's member id (:data:`SELF` for the main agent's latest policy
 against itself, :data:`MAIN` for an exploiter's game against it) and the learning member's
-score (1 win, 0.5 draw, 0 loss).
+score (1 win, 0.5 draw, 0 loss). A rating game between two league members is reported as
+``(RATING, member id, other member id, the first member's score)``.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ SELF = -1
 """The member id the actors report for a game against the latest policy itself."""
 MAIN = -2
 """The opponent id an exploiter's game reports: the main agent's latest policy."""
+RATING = -1
+"""The learning-member index a rating game reports: two league members, no learner."""
 RANDOM = 0
 """The id of the uniformly random player, the league's fixed anchor."""
 
 COLUMNS = ("league/rating_mu", "league/rating_sigma", "league/rating_ordinal", "league/members",
            "league/games", "league/self_games", "league/win_rate", "league/win_rate_random",
-           "league/exploiter_games", "league/exploiter_win_rate")
+           "league/exploiter_games", "league/exploiter_win_rate", "league/rating_games")
 """The ``metrics.csv`` columns the coordinator writes every iteration."""
 
 
@@ -186,7 +189,16 @@ class LeagueCoordinator:
             member["games"] *= decay
         scores, random_scores, exploiter_scores, self_games = [], [], [], 0
         main = league["main"]
+        rating_games = 0
         for match in matches:
+            if len(match) == 4:  # a rating game between two league members
+                _, a, b, score = match
+                first, second = by_id.get(int(a)), by_id.get(int(b))
+                if first is not None and second is not None:
+                    rating_games += 1
+                    first["rating"], second["rating"] = _rate_members(first, second,
+                                                                      float(score))
+                continue
             learning, ident, score = (0, *match) if len(match) == 2 else match
             learning, ident, score = int(learning), int(ident), float(score)
             if learning > 0:  # an exploiter's game against the main agent
@@ -218,7 +230,8 @@ class LeagueCoordinator:
         return {"league/games": float(len(scores)), "league/self_games": float(self_games),
                 "league/win_rate": _mean(scores), "league/win_rate_random": _mean(random_scores),
                 "league/exploiter_games": float(len(exploiter_scores)),
-                "league/exploiter_win_rate": _mean(exploiter_scores)}
+                "league/exploiter_win_rate": _mean(exploiter_scores),
+                "league/rating_games": float(rating_games)}
 
     def snapshot(self, league: dict[str, Any], weights: Weights, version: int,
                  exploiter: dict[str, Any] | None = None) -> None:
@@ -250,6 +263,16 @@ class LeagueCoordinator:
             return []
         drawn = rng.choice(len(members), size=self.settings.slots, p=self.probabilities(league))
         return [members[i] for i in drawn]
+
+
+def _rate_members(a: dict[str, Any], b: dict[str, Any], score: float
+                  ) -> tuple[dict[str, float], dict[str, float]]:
+    """Both members' ratings after a game ``a`` scored ``score`` in (the random player, the
+    anchor, stays as it is)."""
+    if a["kind"] == "random":
+        after_b, after_a = rate_game(b["rating"], a["rating"], 1.0 - score, b_fixed=True)
+        return after_a, after_b
+    return rate_game(a["rating"], b["rating"], score, b_fixed=b["kind"] == "random")
 
 
 def _mean(values: list[float]) -> float:
