@@ -197,9 +197,12 @@ class Coordinator(Protocol):
     """The run-wide decisions between iterations (a league's match-making, its ratings and
     snapshots): role ``coordinator``, one task after every iteration's learner.
 
-    It holds no state of its own between tasks: what it keeps travels with the run in the
-    learner output's ``coordinator`` field, so a checkpoint holds it, ``--resume`` restores it
-    and a lost coordinator worker loses nothing (the task runs again from its inputs).
+    It holds no state of its own between tasks: what it keeps travels in the learner output's
+    ``coordinator`` field from one coordinator task to the next, on the coordinator's worker.
+    The next iteration's actors and learner take the output without it, and so does the
+    driver, except for the iterations it checkpoints: a checkpoint holds the state,
+    ``--resume`` restores it, and after a lost worker the run goes on with the state of the
+    last checkpointed iteration and the learner as it last finished.
     """
 
     def coordinate(self, output: Any, iteration: int) -> Any:

@@ -1,10 +1,11 @@
 """The league's coordinator: snapshots of the learning policy, their ratings, and the
 opponents each iteration's games are played against.
 
-Its state is plain data carried in the learner output (``LearnerOutput.coordinator``), not
-kept on a worker: a league of a board game's small networks is a few megabytes, so carrying
-it costs little, a checkpoint holds the whole league, ``--resume`` restores it exactly, and a
-lost coordinator worker loses nothing (Dask runs the task again elsewhere from its inputs).
+Its state is plain data carried from one coordinator task to the next
+(``LearnerOutput.coordinator``), not a Dask actor: a checkpoint holds the whole league,
+``--resume`` restores it exactly, and after a lost worker the run goes on with the league of
+its last checkpointed iteration and the learner as it last finished (see
+:class:`~daskrl.core.contracts.Coordinator`).
 
 What it puts into the weights the actors receive (besides the learner's own):
 

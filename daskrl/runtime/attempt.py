@@ -87,6 +87,9 @@ class InFlight:
     first: int
     count: int
     handle: Handle
+    full: Handle | None = None
+    """With a coordinator, for an iteration the driver checkpoints: the output with the
+    coordinator's state, which the driver fetches instead of ``handle``'s (without it)."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ class RunLoop:
         self.inflight: deque[InFlight] = deque()
         self.learner_in: Any = None  # what the next graph takes as its learner input
         self.coordinator_in: Any = None  # with a coordinator: the last output, its state whole
+        self.league = start.coordinator  # the newest coordinator state the driver holds
         self.linked = 0  # graphs chained on futures since the chain last restarted
         self.unchecked: Delayed | None = None  # the first graph, whose annotations must hold
         self.recoveries = 0  # in all
@@ -147,7 +148,8 @@ class RunLoop:
             if not self.inflight:  # restart the chain from data: no lineage behind it
                 learner = self.attempt.placement.worker("learner", 0)
                 try:
-                    self.learner_in = self.backend.scatter(self.last_done, learner)
+                    self.learner_in = self.backend.scatter(self._whole(self.last_done),
+                                                           learner)
                     self.coordinator_in = self.learner_in
                 except LOST as exc:  # the learner's worker died as its input was sent
                     self.lost = exc
@@ -193,17 +195,21 @@ class RunLoop:
         if self.closing:
             inputs = dataclasses.replace(inputs, checkpoint=True)
         graph = self.distribution.iteration(inputs)
+        full = None
         if self.algo.make_coordinator is not None:  # one iteration per graph (Attempt.cap)
             graph = coordinated(inputs, graph, self.coordinator_in)
         handle = self.backend.submit(graph)
         if self.next == self.first:
             self.unchecked = graph
+        if self.algo.make_coordinator is not None:
+            # The coordinator's state stays on its worker: the next coordinator task takes
+            # it whole; the next graph, and the driver, take the output without it, except
+            # the driver for an iteration it checkpoints (and the run's last).
+            self.coordinator_in = self.backend.as_input(handle)
+            full = handle if inputs.checkpoint else None
+            handle = self.backend.submit(lightened(inputs, self.coordinator_in))
         self.learner_in = self.backend.as_input(handle)
-        if self.algo.make_coordinator is not None:  # the next graph takes it without the
-            self.coordinator_in = self.learner_in  # coordinator's state, which stays put
-            self.learner_in = self.backend.as_input(self.backend.submit(
-                lightened(inputs, self.coordinator_in)))
-        self.inflight.append(InFlight(self.next, count, handle))
+        self.inflight.append(InFlight(self.next, count, handle, full))
         self.linked += 1
         self.next += count
 
@@ -222,7 +228,7 @@ class RunLoop:
         """Wait for the oldest graph in flight and record it."""
         head = self.inflight[0]
         try:
-            output = self._result(head.handle)
+            output = self._result(head.full or head.handle)
         except LOST as exc:
             self.lost = exc
             return Phase.RECOVERING
@@ -278,6 +284,8 @@ class RunLoop:
         """Record a finished graph's iterations; checkpoint when one is due."""
         check_finite(done.first, output, self.settings.out, self.last_done)
         self.last_done = output
+        if output.coordinator:
+            self.league = output.coordinator
         self.evals.collect(block=False)  # a finished one goes into this row
         self.size.observe(self.recorder.record(done.first, output))
         for observer in self.settings.observers:
@@ -415,13 +423,24 @@ class RunLoop:
         """
         for pending in self.inflight:
             pending.handle.release()
+            if pending.full is not None:
+                pending.full.release()
         self.inflight.clear()
         if evaluations:
             self.evals.release()
 
     def checkpoint(self) -> None:
         """Checkpoint the last finished iteration (nothing when none finished yet)."""
-        checkpoint_iteration(self.settings, self.last_done, self.recorder.counters)
+        checkpoint_iteration(self.settings, self._whole(self.last_done), self.recorder.counters)
+
+    def _whole(self, output: LearnerOutput) -> LearnerOutput:
+        """``output`` with the newest coordinator state the driver holds when it came
+        without one: the state of the last checkpointed iteration, so a chain restarted
+        after a lost worker goes on with the league as checkpointed and the learner as it
+        last finished."""
+        if self.algo.make_coordinator is None or output.coordinator:
+            return output
+        return dataclasses.replace(output, coordinator=self.league)
 
     def attempts(self) -> list[str]:
         """Run ids of every attempt, the current one last."""
