@@ -124,6 +124,10 @@ class GameActor:
                 net.load_state_dict({k[len(prefix):]: v for k, v in weights.items()
                                      if k.startswith(prefix)})
             wanted[ident] = net
+        if self._started:  # games going on keep their opponents (pairs of a rating game too)
+            for ident in {*self.against, *self.rated}:
+                if ident in self.opponents and ident not in wanted:
+                    wanted[ident] = self.opponents[ident]
         self.opponents = wanted
         self.version = version
 
