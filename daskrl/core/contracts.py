@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:  # the dataclass lives in daskrl.core.algorithm, which imports this module
+    from daskrl.core.algorithm import LearnerOutput
 
 Batch = dict[str, Any]
 """A rollout's transitions (flat numpy arrays) plus ``stats`` (a dict of numbers/lists)."""
@@ -200,12 +203,18 @@ class Coordinator(Protocol):
     It holds no state of its own between tasks: what it keeps travels in the learner output's
     ``coordinator`` field from one coordinator task to the next, on the coordinator's worker.
     The next iteration's actors and learner take the output without it, and so does the
-    driver, except for the iterations it checkpoints: a checkpoint holds the state,
-    ``--resume`` restores it, and after a lost worker the run goes on with the state of the
-    last checkpointed iteration and the learner as it last finished.
+    driver, except for the iterations it checkpoints and when it restarts a chain of tasks:
+    a checkpoint holds the state, ``--resume`` restores it, and after a lost worker the run
+    goes on with the state of the last checkpointed iteration and the learner as it last
+    finished.
     """
 
-    def coordinate(self, output: Any, iteration: int) -> Any:
+    def start(self, output: LearnerOutput) -> LearnerOutput:
+        """The first iteration's input, from the initial learner output of a fresh run (its
+        ``coordinator`` field empty) or a resumed one (the checkpointed state): the picks
+        the first iteration plays, with nothing recorded (the metrics left as they are)."""
+
+    def coordinate(self, output: LearnerOutput, iteration: int) -> LearnerOutput:
         """The :class:`~daskrl.core.algorithm.LearnerOutput` the next iteration takes.
 
         ``output`` is iteration ``iteration``'s, its ``coordinator`` field the state the

@@ -346,14 +346,21 @@ def coordinate(ctx: TaskContext, algo: Algorithm, previous: LearnerOutput,
     algorithm's :class:`~daskrl.core.contracts.Coordinator`."""
     assert algo.make_coordinator is not None
     carried = dataclasses.replace(output, coordinator=previous.coordinator)
-    result = algo.make_coordinator().coordinate(carried, ctx.iteration)
-    expect(result, "coordinator", "the coordinator's coordinate(output, iteration)",
-           LearnerOutput)
+    result = checked_coordination(
+        algo.make_coordinator().coordinate(carried, ctx.iteration), output,
+        "the coordinator's coordinate(output, iteration)")
+    return dataclasses.replace(result, metrics={**result.metrics,
+                                                "coordinator_worker": worker_name()})
+
+
+def checked_coordination(result: Any, output: LearnerOutput, call: str) -> LearnerOutput:
+    """``result`` of a coordinator's ``call`` on ``output``, checked: a learner output of the
+    same version."""
+    expect(result, "coordinator", call, LearnerOutput)
     if result.version != output.version:
         raise ValueError(f"the coordinator changed the learner output's version from "
                          f"{output.version} to {result.version}: it must keep it")
-    return dataclasses.replace(result, metrics={**result.metrics,
-                                                "coordinator_worker": worker_name()})
+    return result
 
 
 def without_coordinator_state(output: LearnerOutput) -> LearnerOutput:

@@ -131,51 +131,75 @@ def new_league(settings: LeagueSettings) -> dict[str, Any]:
 class LeagueCoordinator:
     """Role ``coordinator`` of a self-play league (:class:`~daskrl.core.contracts.Coordinator`).
 
-    Each call rates the iteration's games (OpenSkill), freezes a snapshot every
-    ``snapshot_every`` versions, and draws the next iteration's opponents by PFSP.
+    :meth:`start` sets up the first iteration's picks; each :meth:`coordinate` rates the
+    iteration's games (OpenSkill), freezes a snapshot every ``snapshot_every`` versions, and
+    draws the next iteration's opponents by PFSP.
 
     Examples
     --------
     >>> out = LearnerOutput(0, {}, {"w": torch.zeros(2)}, {})
-    >>> league = LeagueCoordinator(LeagueSettings(snapshot_every=1)).coordinate(out, -1)
+    >>> league = LeagueCoordinator(LeagueSettings(snapshot_every=1)).start(out)
     >>> [m["name"] for m in league.coordinator["members"]]
     ['random', 'v0']
     >>> league.weights["league/ids"].tolist()  # four slots, drawn by PFSP
-    [1, 0, 0, 0]
+    [0, 0, 1, 0]
     >>> sorted(league.weights)[:2]  # the snapshot's weights in its slot, then the ids
-    ['league/0/w', 'league/ids']
+    ['league/2/w', 'league/ids']
     """
 
     def __init__(self, settings: LeagueSettings | None = None) -> None:
         self.settings = settings or LeagueSettings()
 
+    def start(self, output: LearnerOutput) -> LearnerOutput:
+        """The first iteration's input (a fresh run's, or a resumed one's): the league as it
+        is (a new one, with the initial policy as its first snapshot, when there is none)
+        and its picks; nothing is rated or decayed, the metrics stay as they are.
+
+        Raises
+        ------
+        ValueError
+            When a resumed league has another number of exploiters than the settings.
+        """
+        league = (_copy(output.coordinator) if output.coordinator
+                  else new_league(self.settings))
+        have = len(league["exploiters"])
+        if have != self.settings.exploiters:
+            raise ValueError(f"the run's league has {have} exploiter(s), not "
+                             f"{self.settings.exploiters}: resume it with --exploiters {have}")
+        return self._planned(output, league, dict(output.metrics))
+
     def coordinate(self, output: LearnerOutput, iteration: int) -> LearnerOutput:
-        """The output the next iteration takes: the league updated, its picks in the weights
-        and the league's columns in the metrics."""
-        s = self.settings
-        league = _copy(output.coordinator) if output.coordinator else new_league(s)
+        """The output the next iteration takes: the iteration's games rated, a snapshot when
+        one is due, the picks in the weights and the league's columns in the metrics."""
+        league = (_copy(output.coordinator) if output.coordinator
+                  else new_league(self.settings))
         metrics = dict(output.metrics)
-        matches = metrics.pop("matches", [])
+        metrics.update(self.record(league, metrics.pop("matches", [])))
+        main = league["main"]["rating"]
+        metrics.update({
+            "league/rating_mu": main["mu"], "league/rating_sigma": main["sigma"],
+            "league/rating_ordinal": ordinal(main), "league/members": len(league["members"])})
+        return self._planned(output, league, metrics)
+
+    def _planned(self, output: LearnerOutput, league: dict[str, Any],
+                 metrics: dict[str, Any]) -> LearnerOutput:
+        """``output`` with ``league`` (a snapshot added when one is due) and its next picks."""
+        s = self.settings
         own = {k: v for k, v in output.weights.items() if not k.startswith(PREFIX)}
-        summary = self.record(league, matches)
         if output.version % s.snapshot_every == 0 and not any(
                 m["version"] == output.version for m in league["members"]):
             self.snapshot(league, learner_weights(own), output.version)
             for exploiter in league["exploiters"]:
                 self.snapshot(league, member_weights(output.weights, exploiter["name"]),
                               output.version, exploiter)
-        picks = self.pick(league, np.random.default_rng([output.version, len(matches)]))
+        picks = self.pick(league, np.random.default_rng([output.version, league["next_id"],
+                                                         league["main"]["played"]]))
         weights = dict(own)  # the learning members' weights
         weights[f"{PREFIX}ids"] = torch.tensor([m["id"] for m in picks], dtype=torch.int64)
         weights[f"{PREFIX}self_play"] = torch.tensor(s.self_play, dtype=torch.float64)
         for slot, member in enumerate(picks):
             for name, value in league["weights"].get(member["id"], {}).items():
                 weights[f"{PREFIX}{slot}/{name}"] = value
-        main = league["main"]["rating"]
-        metrics.update({
-            "league/rating_mu": main["mu"], "league/rating_sigma": main["sigma"],
-            "league/rating_ordinal": ordinal(main), "league/members": len(league["members"]),
-            **summary})
         return dataclasses.replace(output, weights=weights, metrics=metrics,
                                    coordinator=league)
 

@@ -151,19 +151,20 @@ def initial_output(algo: Algorithm, settings: RunSettings) -> tuple[LearnerOutpu
         state = ckpt["learner"]
         out = LearnerOutput(ckpt["version"], state, state["model"], {}, ckpt.get("actors", {}),
                             coordinator=ckpt.get("coordinator", {}))
-        return coordinated_start(algo, out, ckpt["iteration"]), ckpt["iteration"], ckpt["counters"]
+        return coordinated_start(algo, out), ckpt["iteration"], ckpt["counters"]
     seed = roles.TaskContext("init", settings.seed, 0, 0, 1).replica_seed()
     learner = algo.make_learner(seed, "cpu")
     out = LearnerOutput(0, learner.state_dict(), learner.weights(), {})
-    return coordinated_start(algo, out, 0), 0, {}
+    return coordinated_start(algo, out), 0, {}
 
 
-def coordinated_start(algo: Algorithm, output: LearnerOutput, first: int) -> LearnerOutput:
-    """The first iteration's input as the coordinator (if any) would have passed it on: its
-    picks are not checkpointed, only its state, so it decides them again here."""
+def coordinated_start(algo: Algorithm, output: LearnerOutput) -> LearnerOutput:
+    """The first iteration's input with the coordinator's (if any) picks: they are not
+    checkpointed, only its state, so it decides them again here."""
     if algo.make_coordinator is None:
         return output
-    return algo.make_coordinator().coordinate(output, first - 1)
+    return roles.checked_coordination(algo.make_coordinator().start(output), output,
+                                      "the coordinator's start(output)")
 
 
 def train(
