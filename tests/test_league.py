@@ -4,6 +4,7 @@ workers (the coordinator placed on its own worker, resumed with its league, lear
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -32,6 +33,8 @@ from daskrl.league.coordinator import (
 )
 from daskrl.league.pfsp import pfsp_probabilities
 from daskrl.runtime.checkpoint import load_latest
+from daskrl.runtime.driver import RunSettings, train
+from daskrl.runtime.sync_backend import SyncBackend
 from marl.board_game import (
     GameShape,
     MaskedActorCritic,
@@ -195,10 +198,19 @@ def test_the_actor_plays_the_coordinators_picks():
     legal = batch["obs"][np.arange(len(batch["obs"])), 84 + batch["actions"]]
     assert (legal == 1).all()
     weights["league/self_play"] = torch.tensor(1.0)
+    weights["league/ids"] = torch.tensor([RANDOM])
+    for key in [k for k in weights if k.startswith("league/1/")]:
+        del weights[key]
     actor.set_weights(weights, 2)
+    # snapshot 5 is no longer picked, but games against it go on: it keeps playing them
+    # (not the random player in its place)
+    going = {actor.against[i] for i in range(actor.num_envs)}
+    assert 5 in going and set(actor.opponents) == {5}
     actor.rollout(40)  # 80+ moves of every game: the games begun before the change end
     later = actor.rollout(8)["stats"]["matches"]
     assert later and {m[1] for m in later} == {SELF}
+    actor.set_weights(weights, 3)
+    assert actor.opponents == {}  # no game uses snapshot 5 any more: its net is let go
 
 
 def test_rating_games_between_league_members_rate_them_among_themselves():
@@ -313,6 +325,34 @@ def test_league_runs_with_its_coordinator_on_its_own_worker_and_resumes(tmp_path
                            cwd=ROOT, check=True).stdout
     assert "league after iteration 12: 9 players" in table and "v12" in table
     assert (tmp_path / "ratings.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("backend", ["sync", "dask"])
+def test_the_league_goes_on_whole_when_the_chain_restarts(tmp_path: Path, backend: str):
+    """Chains of two graphs and no checkpoint until the end: every restart of the chain
+    takes the coordinator's state from its worker (not the start's), so no game or
+    snapshot is lost."""
+    graph = load_graph(GRAPH)
+    algo = graph.build(graph.Config(**{**SMALL, "num_actors": 1, "torso": "mlp",
+                                      "hidden": 16}))
+    settings = RunSettings(out=tmp_path / "run", steps=9 * algo.steps_per_iteration, seed=3,
+                           progress=False, eval=False, tensorboard=False, chain=2,
+                           checkpoint_every=100)
+    if backend == "sync":
+        train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
+    else:
+        cluster, client = _cluster()
+        try:
+            train(client, algo, get_distribution("actors-learner"), settings)
+        finally:
+            client.close()
+            cluster.close()
+    league = load_latest(tmp_path / "run" / "checkpoints")["coordinator"]
+    assert [m["name"] for m in league["members"]] == ["random", "v0", "v2", "v4", "v6", "v8"]
+    with (tmp_path / "run" / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    games = sum(float(r["league/games"]) + float(r["league/self_games"]) for r in rows)
+    assert len(rows) == 9 and league["main"]["played"] == games > 0
 
 
 def test_a_league_learns_tictactoe_against_the_random_player(tmp_path: Path):

@@ -88,8 +88,11 @@ class InFlight:
     count: int
     handle: Handle
     full: Handle | None = None
-    """With a coordinator, for an iteration the driver checkpoints: the output with the
-    coordinator's state, which the driver fetches instead of ``handle``'s (without it)."""
+    """With a coordinator: the output with the coordinator's state (``handle``'s is without
+    it)."""
+    fetch_full: bool = False
+    """Whether the driver fetches ``full`` rather than ``handle``: for an iteration it
+    checkpoints, and the run's last."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from dask.delayed import Delayed
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.failures import RunStopped
 from daskrl.core.placement import Placement
+from daskrl.core.roles import without_coordinator_state
 from daskrl.core.worker_state import drop_run
 from daskrl.distributions import Distribution, IterationInputs
 from daskrl.distributions.base import coordinated, lightened
@@ -115,6 +116,7 @@ class RunLoop:
         self.learner_in: Any = None  # what the next graph takes as its learner input
         self.coordinator_in: Any = None  # with a coordinator: the last output, its state whole
         self.league = start.coordinator  # the newest coordinator state the driver holds
+        self.last_full: Handle | None = None  # last_done with the coordinator's state, there
         self.linked = 0  # graphs chained on futures since the chain last restarted
         self.unchecked: Delayed | None = None  # the first graph, whose annotations must hold
         self.recoveries = 0  # in all
@@ -148,9 +150,14 @@ class RunLoop:
             if not self.inflight:  # restart the chain from data: no lineage behind it
                 learner = self.attempt.placement.worker("learner", 0)
                 try:
-                    self.learner_in = self.backend.scatter(self._whole(self.last_done),
-                                                           learner)
-                    self.coordinator_in = self.learner_in
+                    if self.algo.make_coordinator is None:
+                        self.learner_in = self.backend.scatter(self.last_done, learner)
+                    else:  # the coordinator's state to its worker only
+                        self.learner_in = self.backend.scatter(
+                            without_coordinator_state(self.last_done), learner)
+                        self.coordinator_in = self.backend.scatter(
+                            self._whole(self.last_done),
+                            self.attempt.placement.worker("coordinator", 0))
                 except LOST as exc:  # the learner's worker died as its input was sent
                     self.lost = exc
                     return Phase.RECOVERING
@@ -206,10 +213,10 @@ class RunLoop:
             # it whole; the next graph, and the driver, take the output without it, except
             # the driver for an iteration it checkpoints (and the run's last).
             self.coordinator_in = self.backend.as_input(handle)
-            full = handle if inputs.checkpoint else None
+            full = handle
             handle = self.backend.submit(lightened(inputs, self.coordinator_in))
         self.learner_in = self.backend.as_input(handle)
-        self.inflight.append(InFlight(self.next, count, handle, full))
+        self.inflight.append(InFlight(self.next, count, handle, full, inputs.checkpoint))
         self.linked += 1
         self.next += count
 
@@ -228,11 +235,15 @@ class RunLoop:
         """Wait for the oldest graph in flight and record it."""
         head = self.inflight[0]
         try:
-            output = self._result(head.full or head.handle)
+            whole = head.full if head.full is not None and head.fetch_full else None
+            output = self._result(whole if whole is not None else head.handle)
         except LOST as exc:
             self.lost = exc
             return Phase.RECOVERING
         self.inflight.popleft()
+        if self.last_full is not None:
+            self.last_full.release()
+        self.last_full = head.full  # fetched when the chain restarts from last_done
         self._record(head, output)
         if self.first_done_at is None:
             self.first_done_at = time.monotonic()
@@ -388,6 +399,9 @@ class RunLoop:
               "again and resubmitting from the last finished iteration", file=sys.stderr)
         self.release(evaluations=False)  # they finish, or fail as lost and are skipped
         self.learner_in = None
+        if self.last_full is not None:  # it may have been on the lost worker: the league
+            self.last_full.release()  # goes on from its last checkpoint (self.league)
+            self.last_full = None
         self.next = lost_at
         self.earlier.append(self.attempt.run)
         placement = self._place_again()
@@ -434,12 +448,21 @@ class RunLoop:
         checkpoint_iteration(self.settings, self._whole(self.last_done), self.recorder.counters)
 
     def _whole(self, output: LearnerOutput) -> LearnerOutput:
-        """``output`` with the newest coordinator state the driver holds when it came
-        without one: the state of the last checkpointed iteration, so a chain restarted
-        after a lost worker goes on with the league as checkpointed and the learner as it
+        """``output`` (:attr:`last_done`) with the coordinator's state when it came without
+        one: fetched from the coordinator's worker (a chain that restarts, a re-plan, the
+        checkpoint at a stop); after a lost worker, the state of the last checkpointed
+        iteration, so the run goes on with the league as checkpointed and the learner as it
         last finished."""
         if self.algo.make_coordinator is None or output.coordinator:
             return output
+        if self.last_full is not None:
+            try:
+                whole = self.backend.fetch(self.last_full, 60.0)
+            except (*LOST, TimeoutError):
+                self.last_full = None
+            else:
+                self.league = whole.coordinator
+                return whole
         return dataclasses.replace(output, coordinator=self.league)
 
     def attempts(self) -> list[str]:
