@@ -6,8 +6,8 @@ Run: ``daskrl train graphs/league.py --env connect_four_v3 --steps 2000000``, th
 The learning policy (PPO over legal moves) plays against the league the coordinator keeps:
 frozen snapshots of itself every ``--snapshot-every`` iterations and the uniformly random
 player, drawn by prioritised fictitious self-play (the opponents it loses to most come
-most often), plus a ``--self-play`` share of games against its latest self. Every game is
-rated with OpenSkill. The coordinator is a role of its own (``--resources
+most often), plus a ``--self-play`` share of games against its latest self. Every game
+with a league member is rated with OpenSkill. The coordinator is a role of its own (``--resources
 coordinator=...``); its league travels with the run, so checkpoints hold it and
 ``--resume`` goes on with it.
 """
@@ -65,7 +65,8 @@ class Config:
         "the network's torso: convolutions over the board (then one hidden layer), or an MLP "
         "over the flattened planes", "mlp")
     snapshot_every: int = setting("iterations between frozen snapshots of the policy", 10)
-    max_snapshots: int = setting("snapshots kept in the league (the oldest leaves)", 20)
+    max_snapshots: int = setting("snapshots kept in the league, the main agent's and the "
+                                 "exploiters' together (the oldest leaves)", 20)
     self_play: float = setting("share of games against the latest policy itself", 0.2)
     pfsp: Literal["hard", "variance", "uniform"] = setting(
         "PFSP weighting of an opponent by the learner's win rate x: (1-x)^2, x(1-x) or "

@@ -157,7 +157,8 @@ class Algorithm:
     make_coordinator : callable ``() -> Coordinator``, optional
         Builds the coordinator (role ``coordinator``; :class:`Coordinator`), whose task runs
         after every iteration's learner and decides what the next one plays (a league);
-        None: none.
+        with one, every task runs one iteration (no grouping of short iterations). None:
+        none.
 
     Examples
     --------
