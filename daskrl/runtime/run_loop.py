@@ -458,7 +458,7 @@ class RunLoop:
         if self.last_full is not None:
             try:
                 whole = self.backend.fetch(self.last_full, 60.0)
-            except (*LOST, TimeoutError):
+            except (*LOST, TimeoutError, OSError):  # OSError: the cluster is gone
                 self.last_full = None
             else:
                 self.league = whole.coordinator
