@@ -5,11 +5,11 @@ Run: ``daskrl train graphs/league.py --env connect_four_v3 --steps 2000000``, th
 
 The learning policy (PPO over legal moves) plays against the league the coordinator keeps:
 frozen snapshots of itself every ``--snapshot-every`` iterations and the uniformly random
-player, drawn by prioritised fictitious self-play (the opponents it loses to most come
-most often), plus a ``--self-play`` share of games against its latest self. Every game
-with a league member is rated with OpenSkill. The coordinator is a role of its own (``--resources
-coordinator=...``); its league travels with the run, so checkpoints hold it and
-``--resume`` goes on with it.
+player, drawn by fictitious self-play (uniformly; ``--pfsp hard`` draws the opponents it
+loses to most more often), plus a ``--self-play`` share of games against its latest self. Every game
+with a league member is rated with OpenSkill. The coordinator is a role of its own
+(``--resources coordinator=...``); its league travels with the run, so checkpoints hold it
+and ``--resume`` goes on with it.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ class Config:
                                  "exploiters' together (the oldest leaves)", 20)
     self_play: float = setting("share of games against the latest policy itself", 0.2)
     pfsp: Literal["hard", "variance", "uniform"] = setting(
-        "PFSP weighting of an opponent by the learner's win rate x: (1-x)^2, x(1-x) or "
-        "uniform", "hard")
+        "weighting of a league member by the main agent's win rate x against it: (1-x)^2 "
+        "(PFSP hard), x(1-x) (PFSP variance) or uniform (fictitious self-play; measured "
+        "best on Connect Four, benchmarks/league.md)", "uniform")
     slots: int = setting("league opponents sent to the actors each iteration", 4)
     exploiters: int = setting("main exploiters: learners trained only against the main "
                               "agent's latest policy, their snapshots joining the league", 0)
