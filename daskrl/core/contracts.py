@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:  # the dataclass lives in daskrl.core.algorithm, which imports this module
-    from daskrl.core.algorithm import LearnerOutput
 
 Batch = dict[str, Any]
 """A rollout's transitions (flat numpy arrays) plus ``stats`` (a dict of numbers/lists)."""
@@ -209,12 +206,13 @@ class Coordinator(Protocol):
     finished.
     """
 
-    def start(self, output: LearnerOutput) -> LearnerOutput:
+    # ``Any`` for daskrl.core.algorithm.LearnerOutput: that module imports this one
+    def start(self, output: Any) -> Any:
         """The first iteration's input, from the initial learner output of a fresh run (its
         ``coordinator`` field empty) or a resumed one (the checkpointed state): the picks
         the first iteration plays, with nothing recorded (the metrics left as they are)."""
 
-    def coordinate(self, output: LearnerOutput, iteration: int) -> LearnerOutput:
+    def coordinate(self, output: Any, iteration: int) -> Any:
         """The :class:`~daskrl.core.algorithm.LearnerOutput` the next iteration takes.
 
         ``output`` is iteration ``iteration``'s, its ``coordinator`` field the state the

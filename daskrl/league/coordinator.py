@@ -175,11 +175,12 @@ class LeagueCoordinator:
                   else new_league(self.settings))
         metrics = dict(output.metrics)
         metrics.update(self.record(league, metrics.pop("matches", [])))
+        planned = self._planned(output, league, metrics)  # a snapshot may join: then count
         main = league["main"]["rating"]
         metrics.update({
             "league/rating_mu": main["mu"], "league/rating_sigma": main["sigma"],
             "league/rating_ordinal": ordinal(main), "league/members": len(league["members"])})
-        return self._planned(output, league, metrics)
+        return planned
 
     def _planned(self, output: LearnerOutput, league: dict[str, Any],
                  metrics: dict[str, Any]) -> LearnerOutput:
