@@ -27,6 +27,7 @@ from daskrl.cluster.forkserver import WORKER_NUMERICS, imports_without_gc
 from daskrl.core.resources import parse_role_resources
 from daskrl.core.script import MissingExtra, UserError, build_algorithm
 from daskrl.run_flags import graph_path, parse_command_line
+from daskrl.run_reports import REPORTS
 
 
 def _early_cluster(argv: Sequence[str]) -> Any:
@@ -384,41 +385,6 @@ def cmd_sweep(args: argparse.Namespace, module: types.ModuleType, config: Any) -
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    """Run ``daskrl eval``: the run's policy on fresh envs, mean ± std printed."""
-    from daskrl.core.algorithm import EvalRequest
-    from daskrl.trained.evaluate import evaluate_run, format_result
-    from daskrl.trained.load import load_run
-
-    try:
-        run = load_run(args.run_dir, args.checkpoint, args.best)
-        request = EvalRequest(episodes=args.episodes, seed=args.seed,
-                              deterministic=args.deterministic, video_dir=args.video,
-                              env_id=args.env, opponent=args.opponent)
-        result = evaluate_run(run, request)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    mode = "greedy" if args.deterministic else "sampled"
-    print(f"{run.checkpoint} (iteration {run.iteration}, {mode} actions)", file=sys.stderr)
-    print(format_result(result))
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    """Run ``daskrl export``: the run's policy as a ``torch.export`` archive."""
-    from daskrl.trained.export import export_policy
-    from daskrl.trained.load import load_run
-
-    try:
-        run = load_run(args.run_dir, args.checkpoint, args.best)
-        path = export_policy(run, args.out or run.out / "policy.pt2", args.deterministic)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    print(f"wrote {path} (from {run.checkpoint}); load it with plain torch: "
-          f"torch.export.load({str(path)!r}).module()(obs_batch)")
-    return 0
-
-
 def _terminate(signum: int, frame: Any) -> None:
     """SIGTERM (``kill``, ``timeout``, a batch system) stops a run the way Ctrl-C does."""
     raise KeyboardInterrupt
@@ -443,54 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_graph(args, module, config)
         if args.command == "sweep":
             return cmd_sweep(args, module, config)
-        if args.command == "sweep-status":
-            from daskrl.sweeps.status import status_table
-
-            try:
-                print(status_table(args.sweep_dir))
-            except FileNotFoundError as exc:
-                raise UserError(str(exc)) from None
-        if args.command == "league":
-            from daskrl.league.table import format_table, plot_ratings, read_league
-
-            try:
-                print(format_table(*read_league(args.run_dir)))
-                if args.plot is not None:
-                    print(f"wrote {plot_ratings(args.run_dir, args.plot)}")
-            except (FileNotFoundError, ValueError) as exc:
-                raise UserError(str(exc)) from None
-        if args.command == "eval":
-            return cmd_eval(args)
-        if args.command == "export":
-            return cmd_export(args)
-        if args.command == "profile":
-            from daskrl.observe.profile import report
-
-            try:
-                print(report(args.run_dir))
-            except (FileNotFoundError, ValueError) as exc:
-                raise UserError(str(exc)) from None
-        if args.command == "replay":
-            from daskrl.core.failures import load_failure, replay
-
-            try:
-                record = load_failure(args.file)
-            except (FileNotFoundError, ValueError) as exc:
-                raise UserError(str(exc)) from None
-            if "unpicklable" in record:
-                raise UserError(f"{args.file}: the task's inputs could not be saved "
-                                f"({record['unpicklable']}), so it cannot be replayed")
-            replay(args.file, post_mortem=args.pdb)
-            print(f"{args.file}: the replay finished without an error this time",
-                  file=sys.stderr)
-        if args.command == "plot":
-            from daskrl.observe.plot import plot_run
-
-            try:
-                for path in plot_run(args.run_dir, args.out):
-                    print(f"wrote {path}")
-            except (FileNotFoundError, ValueError) as exc:
-                raise UserError(str(exc)) from None
+        if args.command in REPORTS:
+            return REPORTS[args.command](args)
     except (UserError, MissingExtra) as exc:
         print(f"daskrl: error: {exc}", file=sys.stderr)
         return 2

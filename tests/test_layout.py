@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ("compat", "core", "algos", "distributions", "observe", "cluster", "runtime",
-         "trained", "league", "api", "sweeps", "config_flags", "run_flags", "cli")
+         "trained", "league", "api", "sweeps", "config_flags", "run_flags", "run_reports", "cli")
 """Each subpackage may import from itself and those before it (``compat`` from none)."""
 
 
