@@ -105,6 +105,27 @@ def _returns(batches: list[dict[str, Any]]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def _learn_mask(batches: list[dict[str, Any]]) -> Tensor | None:
+    """The batches' ``learn`` masks ``[S, teams]`` joined, or None when they carry none."""
+    if "learn" not in batches[0]:
+        return None
+    parts = [torch.as_tensor(b["learn"], dtype=torch.bool) for b in batches]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _team_minibatch(parts: dict[str, Tensor], idx: Tensor, data: dict[str, Tensor],
+                    learn: Tensor | None, team: int) -> dict[str, Tensor]:
+    """One team's loss inputs on the slots ``idx``; with a ``learn`` mask only the slots the
+    team learns from, with their own observations and actions (the other slots' moves were
+    another policy's: a league's frozen snapshot)."""
+    if learn is not None:
+        idx = idx[learn[idx, team].to(idx.device)]
+    out = {k: v[idx].reshape(-1) for k, v in parts.items()}
+    if learn is not None:
+        out.update(obs=data["obs"][idx], actions=data["actions"][idx])
+    return out
+
+
 def team_metrics(stats: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
     """``return_mean/<team>`` over the episodes the batches finished, and agent counts.
 
@@ -184,8 +205,14 @@ class MAPPOLearner(GradientUpdate):
         and a ratio of averaged sums is the overall ratio), so every replica's value
         normalisers take the same step and ``return_mean/<team>`` covers every replica.
         """
-        vstats = [self.model.value_norms[t].batch_stats(self.model.team_actions(
-            _returns(batches), t)).cpu() for t in self.teams]
+        returns = _returns(batches)
+        learn = _learn_mask(batches)
+        vstats = []
+        for t in self.teams:
+            team = self.model.team_actions(returns, t)
+            if learn is not None:  # only the slots the team learns from
+                team = team[learn[:, t].to(team.device)]
+            vstats.append(self.model.value_norms[t].batch_stats(team).cpu())
         rsum = []
         for name in self.layout.names:
             values = [r for b in batches for r in b["stats"].get("team_returns", {}).get(name, [])]
@@ -218,12 +245,13 @@ class MAPPOLearner(GradientUpdate):
                        "advantages": model.team_actions(data["advantages"], t)}
         self.schedule(progress)
         self._update = (data, stats, [b["stats"] for b in batches])
+        learn = data.pop("learn", None)
         plan = []
         for _ in range(self.hp.update_epochs):
             perm = torch.randperm(n, generator=self.generator).to(data["obs"].device)
             for idx in torch.tensor_split(perm, self.hp.num_minibatches):
                 plan.append({"obs": data["obs"][idx], "actions": data["actions"][idx],
-                             "teams": {t: {k: v[idx].reshape(-1) for k, v in parts.items()}
+                             "teams": {t: _team_minibatch(parts, idx, data, learn, t)
                                        for t, parts in team.items()}})
         self._cpu += time.thread_time() - cpu0
         return plan
@@ -260,8 +288,14 @@ class MAPPOLearner(GradientUpdate):
         loss = torch.zeros((), device=obs.device)
         parts = []
         for t in self.teams:
-            mb = teams[t]
-            new_logp, entropy, new_v = model.evaluate(obs, actions, t)
+            mb = teams[t]  # its own rows when a league masks what each team learns from
+            if mb["logp"].numel() == 0:  # no slot here is the team's: a zero-gradient term
+                new_logp, _, new_v = model.evaluate(obs, actions, t)
+                loss = loss + 0.0 * (new_logp.sum() + new_v.sum())
+                parts.append(torch.zeros(len(PARTS), device=obs.device))
+                continue
+            new_logp, entropy, new_v = model.evaluate(mb.get("obs", obs),
+                                                      mb.get("actions", actions), t)
             team_loss, team_parts = ppo_loss(
                 new_logp, entropy, new_v, mb["logp"], mb["old_values"], mb["advantages"],
                 mb["targets"], clip_coef=hp.clip_coef, ent_coef=hp.ent_coef,

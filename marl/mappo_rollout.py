@@ -72,6 +72,8 @@ class EpisodeTracker:
 
     def clear(self) -> None:
         """Forget the finished episodes (the running ones continue)."""
+        self.last_means: Tensor | None = None
+        """Team means ``[R, teams]`` of the rows :meth:`add` last finished."""
         self.team_returns: dict[str, list[float]] = {n: [] for n in self.layout.names}
         self.headline: list[float] = []
         self.lengths: list[int] = []
@@ -92,6 +94,7 @@ class EpisodeTracker:
             self.team_returns[name].extend(means[:, t].tolist())
         self.headline.extend(head.tolist())
         self.lengths.extend(self.length[rows].tolist())
+        self.last_means = means
         self.ret[rows] = 0.0
         self.length[rows] = 0
         return rows
@@ -208,6 +211,20 @@ class MAPPOActor:
             self.model.load_state_dict(weights)
         self.version = version
 
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Every agent's action ``[E, A]`` and log-probability at one step (what
+        :meth:`collect` calls; a league's actor seats other policies in some envs)."""
+        return self.model.act(obs, self.generator, random_teams=self.random_teams)
+
+    def learning(self) -> Tensor | None:
+        """Which teams learn from each env's current step, ``[E, teams]`` bool, or None when
+        every team learns everywhere (then batches carry no ``learn`` mask)."""
+        return None
+
+    def episodes_finished(self, rows: Tensor, team_means: Tensor) -> None:
+        """Called when the envs ``rows`` finished an episode (``team_means`` ``[R, teams]``:
+        each team's mean return in it), before their next episode's first step."""
+
     def rollout(self, num_steps: int) -> dict[str, Any]:
         """Step every env ``num_steps`` times; return numpy arrays ``[T * E, A, ...]`` with
         advantages and returns, and ``stats``."""
@@ -229,12 +246,16 @@ class MAPPOActor:
         b_term = torch.zeros(t_max, e, a, dtype=torch.bool, device=dev)
         b_done = torch.zeros(t_max, e, a, dtype=torch.bool, device=dev)
         finals: list[tuple[int, Tensor, Tensor]] = []
+        learn: list[Tensor] = []
         self.tracker.clear()
         inference_s = env_s = 0.0  # the profiler's split of the rollout (host-side clocks)
         for t in range(t_max):
             b_obs[t] = obs
             t0 = time.perf_counter()
-            b_act[t], b_logp[t] = model.act(obs, self.generator, random_teams=self.random_teams)
+            b_act[t], b_logp[t] = self.act(obs)
+            mask = self.learning()
+            if mask is not None:
+                learn.append(mask.clone())
             t1 = time.perf_counter()
             obs, rew, term, trunc, info = env.step(b_act[t])
             inference_s, env_s = inference_s + t1 - t0, env_s + time.perf_counter() - t1
@@ -243,6 +264,8 @@ class MAPPOActor:
             b_done[t] = term | trunc
             b_term[t] = term if spec.bootstrap_truncated else b_done[t]
             rows = self.tracker.add(rew, info.get("reset_mask"))
+            if rows is not None:
+                self.episodes_finished(rows, self.tracker.last_means)
             if spec.bootstrap_truncated and rows is not None:
                 finals.append((t, rows, info["final_obs"][rows].float()))
         b_obs[t_max] = obs
@@ -266,9 +289,12 @@ class MAPPOActor:
             "cpu_s": time.thread_time() - cpu_start,  # this thread's CPU: less load-sensitive
         }
         slots = t_max * e
-        return {"obs": b_obs[:t_max].view(slots, a, d), "actions": b_act.view(slots, a),
-                "logp": b_logp.view(slots, a), "values": values[:t_max].reshape(slots, a),
-                "advantages": adv.view(slots, a), "returns": ret.view(slots, a), "stats": stats}
+        out = {"obs": b_obs[:t_max].view(slots, a, d), "actions": b_act.view(slots, a),
+               "logp": b_logp.view(slots, a), "values": values[:t_max].reshape(slots, a),
+               "advantages": adv.view(slots, a), "returns": ret.view(slots, a), "stats": stats}
+        if learn:  # [T * E, teams]: whose moves each (step, env) slot trains
+            out["learn"] = torch.stack(learn).view(slots, -1)
+        return out
 
     def close(self) -> None:
         """Close the envs."""
