@@ -27,7 +27,7 @@ def read_league(run_dir: Path) -> tuple[dict[str, Any], int]:
         raise FileNotFoundError(f"{run_dir} has no checkpoint: give the --out folder of a "
                                 "`daskrl train graphs/league.py` run")
     league = payload.get("coordinator") or {}
-    if "members" not in league:
+    if "members" not in league and "teams" not in league:
         raise ValueError(f"{run_dir}'s checkpoint holds no league: it is not a run of "
                          "graphs/league.py")
     return league, int(payload["iteration"])
@@ -35,7 +35,9 @@ def read_league(run_dir: Path) -> tuple[dict[str, Any], int]:
 
 def format_table(league: dict[str, Any], iteration: int) -> str:
     """The league table as text: rating ``mu ± sigma``, the ordinal it is ranked by, the
-    learning policy's (decayed) win rate against each member, games and results.
+    learning policy's (decayed) win rate against each member, games and results. A two-team
+    league (``{"teams": ...}``) prints one table per team: its learning policy (``main``)
+    and the other team's snapshots it plays.
 
     Examples
     --------
@@ -46,6 +48,10 @@ def format_table(league: dict[str, Any], iteration: int) -> str:
     main            learner   25.00 ± 8.33     0.00          -      0    -      -
     random          random    25.00 ± 8.33     0.00       0.50      0    0      0
     """
+    if "teams" in league:
+        return "\n\n".join(
+            f"team {team}: its learning policy (main) and the opponents it plays\n"
+            + format_table(one, iteration) for team, one in league["teams"].items())
     rows = league_table(league)
     lines = [f"league after iteration {iteration}: {len(rows)} players",
              f"{'name':15} {'kind':9} {'rating':14} {'ordinal':>7}  {'main wins':>9}  "
@@ -70,17 +76,22 @@ def plot_ratings(run_dir: Path, out: Path) -> Path:
     league, _ = read_league(run_dir)
     columns = read_metrics(Path(run_dir))
     its = columns.get("iteration", [])
-    mu, sigma = columns.get("league/rating_mu", []), columns.get("league/rating_sigma", [])
     fig, ax = plt.subplots(figsize=(7, 4))
-    if mu:
-        ax.plot(its, mu, label="learning policy (mu)")
-        ax.fill_between(its, [m - s for m, s in zip(mu, sigma, strict=True)],
-                        [m + s for m, s in zip(mu, sigma, strict=True)], alpha=0.2)
-    snaps = [m for m in league["members"] if m["kind"] == "snapshot"]
-    if snaps:
-        ax.errorbar([m["version"] for m in snaps], [m["rating"]["mu"] for m in snaps],
-                    yerr=[m["rating"]["sigma"] for m in snaps], fmt="o", ms=4,
-                    label="snapshots (now)")
+    teams = league.get("teams") or {"": league}
+    for team, one in teams.items():
+        column = f"league/{team}/" if team else "league/"
+        mu = columns.get(f"{column}rating_mu", [])
+        sigma = columns.get(f"{column}rating_sigma", [])
+        label = f"{team} learning policy (mu)" if team else "learning policy (mu)"
+        if mu:
+            ax.plot(its, mu, label=label)
+            ax.fill_between(its, [m - s for m, s in zip(mu, sigma, strict=True)],
+                            [m + s for m, s in zip(mu, sigma, strict=True)], alpha=0.2)
+        snaps = [m for m in one["members"] if m["kind"] == "snapshot"]
+        if snaps:  # a team's table holds the other team's snapshots
+            ax.errorbar([m["version"] for m in snaps], [m["rating"]["mu"] for m in snaps],
+                        yerr=[m["rating"]["sigma"] for m in snaps], fmt="o", ms=4,
+                        label=f"snapshots met by {team} (now)" if team else "snapshots (now)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("OpenSkill rating")
     ax.legend(loc="best")
