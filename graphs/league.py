@@ -1,15 +1,22 @@
-"""A self-play league on a two-player PettingZoo classic game, with a coordinator.
+"""A self-play league on a two-player PettingZoo classic game, or on simple tag with both
+teams learning, with a coordinator.
 
 Run: ``daskrl train graphs/league.py --env connect_four_v3 --steps 2000000``, then
 ``daskrl league RUN`` for the league table.
 
 The learning policy (PPO over legal moves) plays against the league the coordinator keeps:
-frozen snapshots of itself every ``--snapshot-every`` iterations and the uniformly random
-player, drawn by fictitious self-play (uniformly; ``--pfsp hard`` draws the opponents it
-loses to most more often), plus a ``--self-play`` share of games against its latest self. Every game
-with a league member is rated with OpenSkill. The coordinator is a role of its own
+frozen snapshots of itself every ``--snapshot-every`` iterations, the uniformly random
+player and the game's scripted players (``--fixed-players``; Connect Four's look-ahead
+player), drawn by prioritised fictitious self-play (``--pfsp hard``: the opponents it loses
+to most come most often), plus a ``--self-play`` share of games against its latest self.
+Every game with a league member is rated with OpenSkill. The coordinator is a role of its own
 (``--resources coordinator=...``); its league travels with the run, so checkpoints hold it
 and ``--resume`` goes on with it.
+
+``--env simple_tag``: predators and prey both learn (MAPPO on the batched simple tag), each
+against the other team's snapshots (:mod:`marl.tag_league`,
+:class:`daskrl.league.teams.TeamLeagueCoordinator`); an episode is the predators' win when
+they touch the prey ``--goal`` times.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ from daskrl.algos.ppo import PPOHyper
 from daskrl.core.algorithm import EvalRequest
 from daskrl.league import LeagueCoordinator, LeagueSettings
 from daskrl.league.coordinator import learner_weights
+from daskrl.league.teams import TeamLeagueCoordinator
 from marl.board_game import (
     GAMES,
+    SCRIPTED,
     GameShape,
     MaskedActorCritic,
     MaskedPolicy,
@@ -35,17 +44,33 @@ from marl.board_game import (
     lookahead_player,
     network_player,
     random_player,
+    scripted_player,
 )
 from marl.league_actor import GameActor
 from marl.league_learner import LeagueLearner, member_names
+from marl.mappo import (
+    EnvSpec,
+    MAPPOHyper,
+    MAPPOLearner,
+    MAPPOModel,
+    MAPPOPolicy,
+    ModelSpec,
+    RolloutSpec,
+    evaluate_teams,
+    layout_of,
+)
+from marl.tag_league import TagLeagueActor, actor_prefix
+
+TAG = "simple_tag"
 
 
 @dataclass
 class Config:
     """League settings; each field is a ``--flag`` of ``daskrl train graphs/league.py``."""
 
-    env: Literal["connect_four_v3", "tictactoe_v3"] = setting(
-        "PettingZoo classic two-player game", "connect_four_v3")
+    env: Literal["connect_four_v3", "tictactoe_v3", "simple_tag"] = setting(
+        "PettingZoo classic two-player game, or simple_tag (both teams learning)",
+        "connect_four_v3")
     num_actors: int = setting("actor replicas (each plays its own games)", 2)
     num_envs: int = setting("games each actor plays at once (one forward pass per side)", 64)
     num_steps: int = setting("learner moves per game slot per rollout", 8)
@@ -70,16 +95,28 @@ class Config:
     self_play: float = setting("share of games against the latest policy itself", 0.2)
     pfsp: Literal["hard", "variance", "uniform"] = setting(
         "weighting of a league member by the main agent's win rate x against it: (1-x)^2 "
-        "(PFSP hard), x(1-x) (PFSP variance) or uniform (fictitious self-play; measured "
-        "best on Connect Four, benchmarks/league.md)", "uniform")
+        "(PFSP hard: the members it loses to, the scripted ones among them, most often), "
+        "x(1-x) (PFSP variance) or uniform (fictitious self-play); benchmarks/league.md "
+        "compares them on Connect Four", "hard")
+    fixed_players: str = setting(
+        "comma-separated scripted players kept in the league beside the random player, or "
+        "none; auto: the game's own (connect_four_v3: lookahead, which wins when it can and "
+        "blocks when it must; tictactoe_v3 and simple_tag: none)", "auto")
     slots: int = setting("league opponents sent to the actors each iteration", 4)
-    exploiters: int = setting("main exploiters: learners trained only against the main "
-                              "agent's latest policy, their snapshots joining the league", 0)
+    exploiters: int = setting("main exploiters (board games): learners trained only against "
+                              "the main agent's latest policy, their snapshots joining the "
+                              "league", 0)
     exploiter_share: float = setting("share of the games that are an exploiter's against the "
                                      "main agent", 0.25)
     rating_share: float = setting("share of the games between two league members (no "
-                                  "learner), which rate the members among themselves", 0.1)
-    eval_games: int = setting("games from each seat in an evaluation", 50)
+                                  "learner), which rate the members among themselves (board "
+                                  "games)", 0.1)
+    eval_games: int = setting("games from each seat in an evaluation (simple tag: episodes)",
+                              50)
+    goal: float = setting("simple tag: touches of the prey that make an episode the "
+                          "predators' win (the league's score)", 2.0)
+    num_good: int = setting("simple tag: good agents (prey)", 1)
+    num_adversaries: int = setting("simple tag: adversaries (predators)", 3)
 
     def hyper(self) -> PPOHyper:
         """The PPO update settings."""
@@ -88,12 +125,28 @@ class Config:
                         clip_coef=self.clip_coef, ent_coef=self.ent_coef, vf_coef=self.vf_coef,
                         max_grad_norm=self.max_grad_norm)
 
+    def fixed(self) -> tuple[str, ...]:
+        """The ``--fixed-players``, checked against the game's scripted players."""
+        names = self.fixed_players.strip()
+        if names == "auto":
+            return SCRIPTED.get(self.env, ())
+        chosen = tuple(n.strip() for n in names.split(",") if n.strip() not in ("", "none"))
+        if chosen and self.env == TAG:
+            raise ValueError(f"--fixed-players {names}: simple tag has no scripted players; "
+                             "use auto or none")
+        for name in chosen:
+            if name == "random":
+                raise ValueError("--fixed-players random: the random player is always in the "
+                                 "league; name only the others")
+            scripted_player(self.env, name)  # raises, naming the game's players
+        return chosen
+
     def league(self) -> LeagueSettings:
         """The coordinator's settings."""
         return LeagueSettings(snapshot_every=self.snapshot_every,
                               max_snapshots=self.max_snapshots, self_play=self.self_play,
                               weighting=self.pfsp, slots=self.slots,
-                              exploiters=self.exploiters)
+                              exploiters=self.exploiters, fixed=self.fixed())
 
 
 def network(config: Config) -> MaskedActorCritic:
@@ -114,7 +167,7 @@ def make_actor(config: Config, seed: int) -> GameActor:
     """Role ``rollout``: games against the coordinator's picks."""
     return GameActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
                      config.gae_lambda, config.torso, config.exploiters, config.exploiter_share,
-                     config.rating_share)
+                     config.rating_share, config.fixed())
 
 
 def benchmark_player(config: Config, name: str, seed: int) -> Any:
@@ -172,8 +225,91 @@ def make_policy(config: Config, weights: dict, deterministic: bool) -> torch.nn.
     return MaskedPolicy(net, deterministic)
 
 
+def tag_env(config: Config) -> EnvSpec:
+    """Simple tag's settings."""
+    return EnvSpec(TAG, num_good=config.num_good, num_adversaries=config.num_adversaries)
+
+
+def tag_model(config: Config) -> ModelSpec:
+    """The teams' actors and central critics."""
+    return ModelSpec(hidden=(config.hidden,) * 2)
+
+
+def tag_weights(weights: dict) -> dict:
+    """Both teams' networks, without the league's picks."""
+    return learner_weights(weights)
+
+
+def tag_actor(config: Config, seed: int) -> TagLeagueActor:
+    """Role ``rollout`` on simple tag: envs playing the league's match-ups."""
+    return TagLeagueActor(tag_env(config), tag_model(config),
+                          RolloutSpec(config.gamma, config.gae_lambda), config.num_envs, seed,
+                          goal=config.goal)
+
+
+def tag_evaluate(config: Config, weights: dict, seed: int) -> dict[str, float]:
+    """Role ``evaluate`` on simple tag: the teams as trained, each against a random team, and
+    both random, ``eval_games`` episodes each (:func:`marl.mappo.evaluate_teams`)."""
+    return evaluate_teams(tag_env(config), tag_model(config), tag_weights(weights), seed,
+                          config.eval_games)
+
+
+def tag_evaluator(config: Config, weights: dict, request: EvalRequest) -> dict[str, Any]:
+    """``daskrl eval`` on simple tag: :func:`marl.mappo.evaluate_teams` with the request's
+    episodes, seed and mode (``--opponent random``: each team against a random one)."""
+    return evaluate_teams(tag_env(config), tag_model(config), tag_weights(weights),
+                          request.seed, request.episodes, request.deterministic,
+                          opponent=request.opponent)
+
+
+def tag_policy(config: Config, weights: dict, deterministic: bool) -> torch.nn.Module:
+    """Both teams' trained actors as one module (:class:`marl.mappo.MAPPOPolicy`)."""
+    model = MAPPOModel(layout_of(tag_env(config)), tag_model(config))
+    model.load_state_dict(tag_weights(weights))
+    return MAPPOPolicy(model, deterministic).eval()
+
+
+def build_tag(config: Config) -> Algorithm:
+    """Simple tag with both teams learning, each against the other's snapshots."""
+    if config.torso != "mlp":
+        raise ValueError(f"--torso {config.torso} is for board games: simple tag's networks "
+                         "are MLPs; drop --torso")
+    if config.goal <= 0:
+        raise ValueError(f"--goal must be > 0 touches, got {config.goal}")
+    layout = layout_of(tag_env(config))
+    model = tag_model(config)
+    hyper = MAPPOHyper(update_epochs=config.update_epochs,
+                       num_minibatches=config.num_minibatches,
+                       learning_rate=config.learning_rate, anneal_lr=config.anneal_lr,
+                       clip_coef=config.clip_coef, ent_coef=config.ent_coef,
+                       vf_coef=config.vf_coef, max_grad_norm=config.max_grad_norm)
+    teams = {name: actor_prefix(t) for t, name in enumerate(layout.names)}
+    TeamLeagueCoordinator(config.league(), teams)  # refuses exploiters before any worker
+    return Algorithm(
+        name="league",
+        make_actor=partial(tag_actor, config),
+        make_learner=partial(MAPPOLearner, layout, model, hyper),
+        evaluate=partial(tag_evaluate, config),
+        make_policy=partial(tag_policy, config),
+        evaluator=partial(tag_evaluator, config),
+        make_coordinator=partial(TeamLeagueCoordinator, config.league(), teams),
+        num_steps=config.num_steps,
+        num_envs=config.num_envs,
+        num_actors=config.num_actors,
+        resources={
+            "rollout": Resources(cpu=1),
+            "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
+            "evaluate": Resources(cpu=1),
+            "coordinator": Resources(cpu=1),
+        },
+        capabilities={"resizable-actor"},
+    )
+
+
 def build(config: Config) -> Algorithm:
     """The league as an :class:`~daskrl.Algorithm` with a coordinator."""
+    if config.env == TAG:
+        return build_tag(config)
     if config.env not in GAMES:
         raise ValueError(f"--env {config.env!r} is not served: choose {' or '.join(GAMES)}")
     settings = config.league()  # checks the league's settings before any worker starts

@@ -232,6 +232,34 @@ def random_player(shape: GameShape, seed: int = 0) -> Player:
     return play
 
 
+SCRIPTED = {"connect_four_v3": ("lookahead",), "tictactoe_v3": ()}
+"""Each game's scripted players a league can keep as fixed members (beside ``random``)."""
+
+
+def scripted_player(game: str, name: str, seed: int = 0) -> Player:
+    """The scripted player ``name`` of ``game``: ``random`` or one of :data:`SCRIPTED`.
+
+    Raises
+    ------
+    ValueError
+        In one line, naming the players the game has.
+
+    Examples
+    --------
+    >>> scripted_player("tictactoe_v3", "lookahead")
+    Traceback (most recent call last):
+    ...
+    ValueError: tictactoe_v3 has no scripted player 'lookahead': choose from ['random']
+    """
+    shape = GameShape.of(game)
+    if name == "random":
+        return random_player(shape, seed)
+    if name == "lookahead" and name in SCRIPTED.get(game, ()):
+        return lookahead_player(shape, seed)
+    raise ValueError(f"{game} has no scripted player {name!r}: choose from "
+                     f"{['random', *SCRIPTED.get(game, ())]}")
+
+
 def landing_rows(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     """Connect Four: the row a piece dropped in each column lands on (-1 for a full column),
     for boards ``[N, 6, 7]`` (row 0 at the top, as PettingZoo observes them)."""

@@ -6,11 +6,12 @@ latest policy itself with the league's ``self_play`` share, else one of the iter
 opponent slots. With exploiters, an ``exploiter_share`` of the games are an exploiter's
 against the main agent's latest policy, and a ``rating_share`` are rating games between two
 of the iteration's league members (no learner; only their result counts, for the members'
-ratings). Only the learning member's own moves become
-transitions (tagged with the member's index, ``member``); a game's result (+1, 0, -1 from
-its seat) is the reward of its last move, and GAE runs over the member's moves of that game. A game
-still going when a rollout ends goes on in the next one (its moves keep the log-probabilities
-of the policy that made them, which PPO's ratio accounts for).
+ratings). A scripted member of the league (``fixed``: Connect Four's look-ahead player) plays
+by its own rules. Only the learning member's own moves become transitions (tagged with the
+member's index, ``member``); a game's result (+1, 0, -1 from its seat) is the reward of its
+last move, and GAE runs over the member's moves of that game. A game still going when a
+rollout ends goes on in the next one (its moves keep the log-probabilities of the policy
+that made them, which PPO's ratio accounts for).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from marl.board_game import (
     flat_observation,
     make_game,
     random_player,
+    scripted_player,
 )
 
 
@@ -70,8 +72,12 @@ class GameActor:
     def __init__(self, game: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (128, 128),
                  gamma: float = 0.99, gae_lambda: float = 0.95, torso: str = "mlp",
                  exploiters: int = 0, exploiter_share: float = 0.25,
-                 rating_share: float = 0.0) -> None:
+                 rating_share: float = 0.0, fixed: tuple[str, ...] = ()) -> None:
         self.game, self.num_envs, self.hidden, self.torso = game, num_envs, hidden, torso
+        self.fixed = tuple(fixed)
+        # the league's scripted members, by their ids (LeagueSettings.fixed's order)
+        self.scripted = {RANDOM + 1 + i: scripted_player(game, name, seed + 2 + i)
+                         for i, name in enumerate(self.fixed)}
         self.exploiters, self.exploiter_share = exploiters, exploiter_share
         self.rating_share = rating_share
         self.gamma, self.gae_lambda = gamma, gae_lambda
@@ -100,7 +106,8 @@ class GameActor:
     def resized(self, num_envs: int, seed: int) -> GameActor:
         """A copy playing ``num_envs`` games (fused replicas, ``single``)."""
         return GameActor(self.game, num_envs, seed, self.hidden, self.gamma, self.gae_lambda,
-                         self.torso, self.exploiters, self.exploiter_share, self.rating_share)
+                         self.torso, self.exploiters, self.exploiter_share, self.rating_share,
+                         self.fixed)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights and the coordinator's opponent slots."""
@@ -115,7 +122,7 @@ class GameActor:
         self.self_play = float(share) if share is not None else 1.0
         wanted: dict[int, MaskedActorCritic] = {}
         for slot, ident in enumerate(self.slots):
-            if ident == RANDOM or ident in wanted:
+            if ident == RANDOM or ident in self.scripted or ident in wanted:
                 continue
             net = self.opponents.get(ident)
             if net is None:  # snapshots are frozen: load each once
@@ -153,6 +160,8 @@ class GameActor:
     def _opponent_moves(self, who: int, obs: np.ndarray) -> np.ndarray:
         if who in (SELF, MAIN):
             return self.net.act(obs, self.generator)[0].numpy()
+        if who in self.scripted:
+            return self.scripted[who](obs)
         net = self.opponents.get(who)
         if net is None:  # the random player (or a member whose weights did not come)
             return self.random(obs)

@@ -213,6 +213,44 @@ def test_the_actor_plays_the_coordinators_picks():
     assert actor.opponents == {}  # no game uses snapshot 5 any more: its net is let go
 
 
+def test_scripted_members_stay_in_the_league_and_play_by_their_rules():
+    settings = LeagueSettings(snapshot_every=1, max_snapshots=2, fixed=("lookahead",))
+    coordinator = LeagueCoordinator(settings)
+    league = new_league(settings)
+    for version in range(4):
+        coordinator.snapshot(league, {"w": torch.zeros(1)}, version)
+    assert [(m["id"], m["name"]) for m in league["members"]] == [
+        (RANDOM, "random"), (1, "lookahead"), (4, "v2"), (5, "v3")]
+    out = LearnerOutput(0, {}, {"w": torch.zeros(1)}, {}, coordinator=league)
+    with pytest.raises(ValueError, match="--fixed-players lookahead"):
+        LeagueCoordinator(LeagueSettings()).start(out)
+
+    def score(opponent: int) -> float:
+        actor = GameActor("connect_four_v3", 64, seed=0, hidden=(16, 16), fixed=("lookahead",))
+        weights = dict(MaskedActorCritic((6, 7, 2), 7, (16, 16)).state_dict())
+        weights["league/ids"] = torch.tensor([opponent])
+        weights["league/self_play"] = torch.tensor(0.0)
+        actor.set_weights(weights, 0)
+        matches = actor.rollout(24)["stats"]["matches"]
+        assert {m[1] for m in matches} == {opponent} and len(matches) > 100
+        return float(np.mean([m[2] for m in matches]))
+    # an untrained policy wins about half its games against the random player, and few
+    # against the look-ahead player, which takes every win and blocks every threat
+    assert score(RANDOM) > 0.35 and score(1) < 0.2
+
+
+def test_fixed_players_are_checked_against_the_game():
+    graph = load_graph(GRAPH)
+    assert graph.Config().fixed() == ("lookahead",)  # connect_four_v3's own
+    assert graph.Config(env="tictactoe_v3").fixed() == ()
+    assert graph.Config(fixed_players="none").fixed() == ()
+    for env, names, match in (("tictactoe_v3", "lookahead", "no scripted player"),
+                              ("connect_four_v3", "random", "always in the league"),
+                              ("simple_tag", "lookahead", "simple tag has no scripted")):
+        with pytest.raises(ValueError, match=match):
+            graph.build(graph.Config(env=env, fixed_players=names))
+
+
 def test_rating_games_between_league_members_rate_them_among_themselves():
     actor = GameActor("tictactoe_v3", 16, seed=2, hidden=(16,), rating_share=0.5)
     net = MaskedActorCritic((3, 3, 2), 9, (16,))

@@ -79,6 +79,10 @@ class LeagueSettings:
     """Per-iteration decay of the win-rate counts: the estimate follows a changing learner."""
     random_player: bool = True
     """Keep the uniformly random player in the league (the rating anchor)."""
+    fixed: tuple[str, ...] = ()
+    """Scripted players that stay in the league beside the random player (member ids
+    ``1..len(fixed)`` in this order; the actors play them by name, e.g. Connect Four's
+    ``lookahead``). Rated like snapshots; PFSP draws them like any member."""
     exploiters: int = 0
     """Main exploiters learning beside the main agent, trained only against its latest
     policy (AlphaStar's): their snapshots join the league, so the main agent meets the
@@ -119,13 +123,22 @@ def member_weights(weights: Weights, member: str) -> Weights:
 
 def new_league(settings: LeagueSettings) -> dict[str, Any]:
     """A league with the learning policy (``main``) and, if asked, the random player."""
-    members = [{"id": RANDOM, "name": "random", "kind": "random", "version": None,
+    def player(ident: int, name: str, kind: str) -> dict[str, Any]:
+        return {"id": ident, "name": name, "kind": kind, "version": None,
                 "rating": new_rating(), "score": 0.0, "games": 0.0, "played": 0, "won": 0,
-                "drawn": 0}] if settings.random_player else []
+                "drawn": 0}
+    members = [player(RANDOM, "random", "random")] if settings.random_player else []
+    members += [player(RANDOM + 1 + i, name, "fixed") for i, name in enumerate(settings.fixed)]
     exploiters = [{"name": f"exploiter{i}", "rating": new_rating(), "played": 0, "won": 0,
                    "drawn": 0} for i in range(settings.exploiters)]
     return {"main": {"rating": new_rating(), "played": 0}, "members": members, "weights": {},
-            "next_id": RANDOM + 1, "exploiters": exploiters}
+            "next_id": RANDOM + 1 + len(settings.fixed), "exploiters": exploiters}
+
+
+def fixed_players(league: dict[str, Any]) -> tuple[str, ...]:
+    """The names of a league's scripted members (:attr:`LeagueSettings.fixed`), in id order."""
+    return tuple(m["name"] for m in sorted(league["members"], key=lambda m: m["id"])
+                 if m["kind"] == "fixed")
 
 
 class LeagueCoordinator:
@@ -160,18 +173,23 @@ class LeagueCoordinator:
         ValueError
             When a resumed league has another number of exploiters than the settings.
         """
-        league = (_copy(output.coordinator) if output.coordinator
+        league = (copy_league(output.coordinator) if output.coordinator
                   else new_league(self.settings))
         have = len(league["exploiters"])
         if have != self.settings.exploiters:
             raise ValueError(f"the run's league has {have} exploiter(s), not "
                              f"{self.settings.exploiters}: resume it with --exploiters {have}")
+        fixed = fixed_players(league)
+        if fixed != self.settings.fixed:
+            raise ValueError(f"the run's league has the fixed players {list(fixed)}, not "
+                             f"{list(self.settings.fixed)}: resume it with --fixed-players "
+                             f"{','.join(fixed) or 'none'}")
         return self._planned(output, league, dict(output.metrics))
 
     def coordinate(self, output: LearnerOutput, iteration: int) -> LearnerOutput:
         """The output the next iteration takes: the iteration's games rated, a snapshot when
         one is due, the picks in the weights and the league's columns in the metrics."""
-        league = (_copy(output.coordinator) if output.coordinator
+        league = (copy_league(output.coordinator) if output.coordinator
                   else new_league(self.settings))
         metrics = dict(output.metrics)
         metrics.update(self.record(league, metrics.pop("matches", [])))
@@ -260,17 +278,24 @@ class LeagueCoordinator:
                 "league/rating_games": float(rating_games)}
 
     def snapshot(self, league: dict[str, Any], weights: Weights, version: int,
-                 exploiter: dict[str, Any] | None = None) -> None:
+                 exploiter: dict[str, Any] | None = None, *,
+                 source: tuple[str, dict[str, float]] | None = None) -> None:
         """Freeze ``weights`` (the main agent's, or ``exploiter``'s) as a member rated as its
-        learner is now; the oldest snapshot leaves beyond ``max_snapshots``."""
+        learner is now; the oldest snapshot leaves beyond ``max_snapshots``. ``source``
+        (name, rating) freezes another league's learner instead (the other team's, in
+        :class:`~daskrl.league.teams.TeamLeagueCoordinator`)."""
         ident = league["next_id"]
         league["next_id"] = ident + 1
-        source = exploiter or league["main"]
+        if source is not None:
+            name, rating = f"{source[0]}-v{version}", source[1]
+        elif exploiter is not None:
+            name, rating = f"{exploiter['name']}-v{version}", exploiter["rating"]
+        else:
+            name, rating = f"v{version}", league["main"]["rating"]
         league["members"].append({
             "id": ident, "kind": "snapshot" if exploiter is None else "exploiter",
-            "name": f"v{version}" if exploiter is None else f"{exploiter['name']}-v{version}",
-            "version": version, "rating": dict(source["rating"]), "score": 0.0, "games": 0.0,
-            "played": 0, "won": 0, "drawn": 0})
+            "name": name, "version": version, "rating": dict(rating), "score": 0.0,
+            "games": 0.0, "played": 0, "won": 0, "drawn": 0})
         league["weights"][ident] = {k: v.detach().clone() for k, v in weights.items()}
         snaps = [m for m in league["members"] if m["kind"] in ("snapshot", "exploiter")]
         for old in snaps[: max(0, len(snaps) - self.settings.max_snapshots)]:
@@ -305,7 +330,7 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def _copy(league: dict[str, Any]) -> dict[str, Any]:
+def copy_league(league: dict[str, Any]) -> dict[str, Any]:
     """A copy to change: members and counters copied, snapshot tensors shared (frozen)."""
     return {"main": {"rating": dict(league["main"]["rating"]),
                      "played": league["main"]["played"]},
