@@ -276,6 +276,8 @@ def build_tag(config: Config) -> Algorithm:
                          "are MLPs; drop --torso")
     if config.goal <= 0:
         raise ValueError(f"--goal must be > 0 touches, got {config.goal}")
+    if config.eval_games < 1:
+        raise ValueError(f"--eval-games must be >= 1, got {config.eval_games}")
     layout = layout_of(tag_env(config))
     model = tag_model(config)
     hyper = MAPPOHyper(update_epochs=config.update_epochs,
@@ -285,14 +287,23 @@ def build_tag(config: Config) -> Algorithm:
                        vf_coef=config.vf_coef, max_grad_norm=config.max_grad_norm)
     teams = {name: actor_prefix(t) for t, name in enumerate(layout.names)}
     TeamLeagueCoordinator(config.league(), teams)  # refuses exploiters before any worker
-    return Algorithm(
-        name="league",
+    return league_algorithm(
+        config,
         make_actor=partial(tag_actor, config),
         make_learner=partial(MAPPOLearner, layout, model, hyper),
         evaluate=partial(tag_evaluate, config),
         make_policy=partial(tag_policy, config),
         evaluator=partial(tag_evaluator, config),
-        make_coordinator=partial(TeamLeagueCoordinator, config.league(), teams),
+        make_coordinator=partial(TeamLeagueCoordinator, config.league(), teams))
+
+
+def league_algorithm(config: Config, **roles: Any) -> Algorithm:
+    """The league's :class:`~daskrl.Algorithm` from its ``roles`` (actor, learner,
+    coordinator, evaluation, policy): one iteration's size and where each role runs are the
+    same for every game."""
+    return Algorithm(
+        name="league",
+        **roles,
         num_steps=config.num_steps,
         num_envs=config.num_envs,
         num_actors=config.num_actors,
@@ -302,6 +313,7 @@ def build_tag(config: Config) -> Algorithm:
             "evaluate": Resources(cpu=1),
             "coordinator": Resources(cpu=1),
         },
+        # GameActor and TagLeagueActor resize (fused replicas, single)
         capabilities={"resizable-actor"},
     )
 
@@ -319,22 +331,11 @@ def build(config: Config) -> Algorithm:
         raise ValueError(f"--exploiter-share must be in [0, 1), got {config.exploiter_share}")
     if config.eval_games < 1:
         raise ValueError(f"--eval-games must be >= 1, got {config.eval_games}")
-    return Algorithm(
-        name="league",
+    return league_algorithm(
+        config,
         make_actor=partial(make_actor, config),
         make_learner=partial(make_learner, config),
         evaluate=partial(evaluate, config),
         make_policy=partial(make_policy, config),
         evaluator=partial(evaluator, config),
-        make_coordinator=partial(LeagueCoordinator, settings),
-        num_steps=config.num_steps,
-        num_envs=config.num_envs,
-        num_actors=config.num_actors,
-        resources={
-            "rollout": Resources(cpu=1),
-            "learner": Resources(gpu=1, fallback=Resources(cpu=1)),
-            "evaluate": Resources(cpu=1),
-            "coordinator": Resources(cpu=1),
-        },
-        capabilities={"resizable-actor"},  # GameActor.resized: fused replicas, single
-    )
+        make_coordinator=partial(LeagueCoordinator, settings))
