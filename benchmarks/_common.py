@@ -223,3 +223,14 @@ def update_section(path: Path, name: str, body: str) -> None:
     else:
         text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
     path.write_text(text)
+
+
+def run_config(graph: Any, run: Path) -> Any:
+    """The graph's ``Config`` with the settings ``run`` trained with (its ``config.yaml``)."""
+    import dataclasses
+
+    import yaml
+
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    names = {f.name for f in dataclasses.fields(graph.Config)}
+    return graph.Config(**{k: v for k, v in saved.items() if k in names})

@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, load_average, machine_info, markdown_table, update_section, write_json
+from _common import (
+    ROOT,
+    load_average,
+    machine_info,
+    markdown_table,
+    run_config,
+    update_section,
+    write_json,
+)
 
 HERE = Path(__file__).resolve().parent
 GRAPH = str(ROOT / "graphs" / "league.py")
@@ -31,7 +39,7 @@ def measure(run: Path, games: int, seed: int) -> dict[str, Any]:
     from marl.board_game import both_seats
 
     graph = load_graph(GRAPH)
-    config = graph.Config(env="connect_four_v3")
+    config = run_config(graph, run).resolved()
     weights = load_latest(run / "checkpoints")["learner"]["model"]
     player = graph.policy_player(config, weights, True, seed)
     rows = {}
@@ -67,7 +75,7 @@ def round_robin(run: Path, games: int, seed: int) -> dict[str, Any]:
     from marl.board_game import both_seats
 
     graph = load_graph(GRAPH)
-    config = graph.Config(env="connect_four_v3")
+    config = run_config(graph, run).resolved()
     league, _ = read_league(run)
     players: dict[str, Any] = {
         "random": graph.benchmark_player(config, "random", seed),
@@ -141,6 +149,8 @@ def main() -> None:
     parser.add_argument("--pair-games", type=int, default=10,
                         help="round robin: games from each seat per pair of players")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--torso", choices=("mlp", "conv"), default="mlp",
+                        help="the network's torso (graphs/league.py --torso)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "league-c4")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "league.json")
     args = parser.parse_args()
@@ -151,7 +161,7 @@ def main() -> None:
 
         started = time.perf_counter()
         daskrl.train(GRAPH, steps=args.steps, out=args.out, seed=args.seed,
-                     env="connect_four_v3")
+                     env="connect_four_v3", torso=args.torso)
         print(f"trained in {time.perf_counter() - started:.0f} s")
         run = args.out
     result = measure(run, args.games, args.seed)

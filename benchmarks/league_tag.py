@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, load_average, machine_info, markdown_table, update_section, write_json
+from _common import (
+    ROOT,
+    load_average,
+    machine_info,
+    markdown_table,
+    run_config,
+    update_section,
+    write_json,
+)
 
 HERE = Path(__file__).resolve().parent
 GRAPH = str(ROOT / "graphs" / "league.py")
@@ -30,7 +38,7 @@ def measure(run: Path, episodes: int, seed: int) -> dict[str, Any]:
     from marl.tag_league import matchup_returns
 
     graph = load_graph(GRAPH)
-    config = graph.Config(env="simple_tag")
+    config = run_config(graph, run).resolved()
     env, model = graph.tag_env(config), graph.tag_model(config)
     final = load_latest(run / "checkpoints")["learner"]["model"]
     league, iteration = read_league(run)

@@ -21,6 +21,7 @@ they touch the prey ``--goal`` times.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -62,6 +63,16 @@ from marl.mappo import (
 from marl.tag_league import TagLeagueActor, actor_prefix
 
 TAG = "simple_tag"
+ENV_DEFAULTS: dict[str, dict[str, Any]] = {
+    "games": {"num_envs": 64, "num_steps": 8, "update_epochs": 4, "num_minibatches": 4,
+              "learning_rate": 1e-3, "anneal_lr": True, "vf_coef": 0.5, "max_grad_norm": 0.5,
+              "hidden": 128},
+    TAG: {"num_envs": 128, "num_steps": 25, "update_epochs": 10, "num_minibatches": 1,
+          "learning_rate": 7e-4, "anneal_lr": False, "vf_coef": 1.0, "max_grad_norm": 10.0,
+          "hidden": 64},
+}
+"""The settings that differ by env: the board games' PPO, and MAPPO's on simple tag (as
+``graphs/mappo.py``); ``Config.resolved`` fills the unset ones from here."""
 
 
 @dataclass
@@ -72,20 +83,30 @@ class Config:
         "PettingZoo classic two-player game, or simple_tag (both teams learning)",
         "connect_four_v3")
     num_actors: int = setting("actor replicas (each plays its own games)", 2)
-    num_envs: int = setting("games each actor plays at once (one forward pass per side)", 64)
-    num_steps: int = setting("learner moves per game slot per rollout", 8)
-    update_epochs: int = setting("passes over each batch", 4)
-    num_minibatches: int = setting("minibatches per epoch", 4)
-    learning_rate: float = setting("Adam learning rate", 1e-3)
-    anneal_lr: bool = setting("anneal the learning rate linearly to 0", True)
+    # The settings below that default to None take the env's own (ENV_DEFAULTS): the board
+    # games' PPO, or MAPPO's on simple tag (graphs/mappo.py's; measured in
+    # benchmarks/league.md).
+    num_envs: int | None = setting("games each actor plays at once (one forward pass per "
+                                   "side; simple tag: envs); default 64, simple tag 128", None)
+    num_steps: int | None = setting("learner moves per game slot per rollout (simple tag: "
+                                    "steps per env); default 8, simple tag 25", None)
+    update_epochs: int | None = setting("passes over each batch; default 4, simple tag 10",
+                                        None)
+    num_minibatches: int | None = setting("minibatches per epoch; default 4, simple tag 1",
+                                          None)
+    learning_rate: float | None = setting("Adam learning rate; default 1e-3, simple tag 7e-4",
+                                          None)
+    anneal_lr: bool | None = setting("anneal the learning rate linearly to 0; default True, "
+                                     "simple tag False", None)
     gamma: float = setting("discount factor", 0.99)
     gae_lambda: float = setting("GAE lambda", 0.95)
     clip_coef: float = setting("surrogate clipping coefficient", 0.2)
     ent_coef: float = setting("entropy bonus coefficient", 0.01)
-    vf_coef: float = setting("value loss coefficient", 0.5)
-    max_grad_norm: float = setting("gradient-norm clip", 0.5)
-    hidden: int = setting("hidden units (each of the MLP's two layers; the conv torso's one)",
-                          128)
+    vf_coef: float | None = setting("value loss coefficient; default 0.5, simple tag 1.0", None)
+    max_grad_norm: float | None = setting("gradient-norm clip (simple tag: of each team's "
+                                          "actor and critic); default 0.5, simple tag 10", None)
+    hidden: int | None = setting("hidden units (each of the MLP's two layers; the conv "
+                                 "torso's one); default 128, simple tag 64", None)
     torso: Literal["conv", "mlp"] = setting(
         "the network's torso: convolutions over the board (then one hidden layer), or an MLP "
         "over the flattened planes", "mlp")
@@ -117,6 +138,18 @@ class Config:
                           "predators' win (the league's score)", 2.0)
     num_good: int = setting("simple tag: good agents (prey)", 1)
     num_adversaries: int = setting("simple tag: adversaries (predators)", 3)
+
+    def resolved(self) -> Config:
+        """These settings with every unset one (None) taken from :data:`ENV_DEFAULTS`.
+
+        Examples
+        --------
+        >>> Config(env="simple_tag").resolved().num_envs, Config().resolved().num_envs
+        (128, 64)
+        """
+        defaults = ENV_DEFAULTS[TAG if self.env == TAG else "games"]
+        return dataclasses.replace(self, **{k: v for k, v in defaults.items()
+                                            if getattr(self, k) is None})
 
     def hyper(self) -> PPOHyper:
         """The PPO update settings."""
@@ -320,6 +353,7 @@ def league_algorithm(config: Config, **roles: Any) -> Algorithm:
 
 def build(config: Config) -> Algorithm:
     """The league as an :class:`~daskrl.Algorithm` with a coordinator."""
+    config = config.resolved()
     if config.env == TAG:
         return build_tag(config)
     if config.env not in GAMES:

@@ -34,6 +34,7 @@ from daskrl.cluster.jobqueue import (
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
+from daskrl.runtime.checkpoint import load_latest
 from daskrl.runtime.driver import RunSettings, train
 
 pytestmark = pytest.mark.timeout(120)
@@ -215,6 +216,29 @@ def test_mappo_trains_on_slurm_jobs_through_the_cli_and_cancels_them(slurm_node,
         assert isinstance(summary[f"eval_return_mean/{team}"], float)
     assert_jobs_leave_queue(ids.values())
     print(f"slurm MAPPO run with jobs {ids}: {time.monotonic() - t0:.1f}s")
+
+
+def test_a_league_with_its_coordinator_trains_on_slurm_jobs(slurm_node, tmp_path, capsys):
+    """The league's coordinator is one more role: it is placed on a Slurm job's worker
+    like the others, and the run's checkpoint holds the league it kept there."""
+    out = tmp_path / "league"
+    code = main(["train", str(REPO / "graphs" / "league.py"), "--cluster", "slurm",
+                 "--cores", "1", "--memory", "1GB", "--walltime", "00:10:00",
+                 "--gpus-per-job", "0", "--cpu-jobs", "2", "--env", "tictactoe_v3",
+                 "--num-actors", "2", "--num-envs", "8", "--num-steps", "4",
+                 "--snapshot-every", "2", "--eval-games", "4", "--steps", "384",
+                 "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
+    assert found, err
+    ids: dict[str, str] = ast.literal_eval(found.group(1))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["placement"]["coordinator"] and set(
+        summary["placement"]["coordinator"]) <= set(ids)
+    league = load_latest(out / "checkpoints")["coordinator"]
+    assert [m["name"] for m in league["members"]] == ["random", "v0", "v2", "v4", "v6"]
+    assert_jobs_leave_queue(ids.values())
 
 
 def test_a_job_slurm_cannot_place_times_out_with_its_reason(slurm_node, tmp_path):
