@@ -62,6 +62,42 @@ def measure(run: Path, games: int, seed: int) -> dict[str, Any]:
             "snapshots": snapshots}
 
 
+def tactics(run: Path, games: int, seed: int) -> dict[str, dict[str, float]]:
+    """How often the greedy policy takes an immediate win when it has one, and blocks the
+    other side's immediate win when it must, in ``games`` games from each seat against each
+    fixed player (a position with both counts as a win to take)."""
+    from daskrl.core.script import load_graph
+    from daskrl.runtime.checkpoint import load_latest
+    from marl.board_game import both_seats, winning_moves
+
+    graph = load_graph(GRAPH)
+    config = run_config(graph, run).resolved()
+    policy = graph.policy_player(config, load_latest(run / "checkpoints")["learner"]["model"],
+                                 True, seed)
+    out = {}
+    for other in ("random", "lookahead"):
+        seen = {"wins": 0, "taken": 0, "threats": 0, "blocked": 0}
+
+        def counting(obs: Any, seen: dict[str, int] = seen) -> Any:
+            actions = policy(obs)
+            planes = obs[:, :-7].reshape(len(obs), 6, 7, 2)
+            for board, action in zip(planes, actions, strict=True):
+                win = winning_moves(board[:, :, 0], board[:, :, 1])
+                threat = winning_moves(board[:, :, 1], board[:, :, 0])
+                if win:
+                    seen["wins"] += 1
+                    seen["taken"] += int(action in win)
+                elif threat:
+                    seen["threats"] += 1
+                    seen["blocked"] += int(action in threat)
+            return actions
+        both_seats("connect_four_v3", counting, graph.benchmark_player(config, other, seed + 1),
+                   games, seed)
+        out[other] = {**seen, "took_win": seen["taken"] / max(1, seen["wins"]),
+                      "blocked_share": seen["blocked"] / max(1, seen["threats"])}
+    return out
+
+
 def round_robin(run: Path, games: int, seed: int) -> dict[str, Any]:
     """Ratings from games among the snapshots the run kept, the random and the look-ahead
     player alone (fresh OpenSkill ratings, no game with the main agent): ``games`` games from
@@ -131,13 +167,20 @@ def table(result: dict[str, Any]) -> str:
                  + ", ".join(f"{n} {r['mu']:.1f}" for n, r in ranked)
                  + f". Spearman correlation of a snapshot's version with its rating: "
                  f"{rr['spearman_version_mu']:.2f}.")
+    tac = ""
+    if "tactics" in result:
+        tac = "\n\nTactics of the greedy policy (games from each seat, counted per position): " + (
+            "; ".join(f"against {o}, it took an immediate win in {t['took_win']:.0%} of "
+                      f"{t['wins']} positions that had one and blocked the other's in "
+                      f"{t['blocked_share']:.0%} of {t['threats']}"
+                      for o, t in result["tactics"].items())) + "."
     return head + (markdown_table(["opponent", "seat", "wins", "draws", "losses",
                             "win rate [95 % Wilson]"], rows)
             + f"\n\n{result['env_steps']:,} learner moves in {result['wall_s']:.0f} s "
               f"({result['env_steps_per_s']:.0f}/s); {len(snaps)} snapshots kept, each rated "
               f"above the one before in {rising} of {max(0, len(snaps) - 1)} pairs "
               f"(ratings from {snaps[0][1]:.1f} to {snaps[-1][1]:.1f}); the rating curve is "
-              "`results/league_ratings.png`." + robin + "\n")
+              "`results/league_ratings.png`." + robin + tac + "\n")
 
 
 def main() -> None:
@@ -148,9 +191,16 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=1000, help="games from each seat")
     parser.add_argument("--pair-games", type=int, default=10,
                         help="round robin: games from each seat per pair of players")
+    parser.add_argument("--tactics-games", type=int, default=300,
+                        help="games from each seat in which immediate wins and blocks are "
+                             "counted")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--torso", choices=("mlp", "conv"), default="mlp",
                         help="the network's torso (graphs/league.py --torso)")
+    parser.add_argument("--pfsp", choices=("hard", "variance", "uniform"), default="hard",
+                        help="PFSP's weighting (graphs/league.py --pfsp)")
+    parser.add_argument("--gamma", type=float, default=None,
+                        help="discount factor (graphs/league.py --gamma; default: its own)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "league-c4")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "league.json")
     args = parser.parse_args()
@@ -161,11 +211,13 @@ def main() -> None:
 
         started = time.perf_counter()
         daskrl.train(GRAPH, steps=args.steps, out=args.out, seed=args.seed,
-                     env="connect_four_v3", torso=args.torso)
+                     env="connect_four_v3", torso=args.torso, pfsp=args.pfsp,
+                     gamma=args.gamma)
         print(f"trained in {time.perf_counter() - started:.0f} s")
         run = args.out
     result = measure(run, args.games, args.seed)
     result["round_robin"] = round_robin(run, args.pair_games, args.seed)
+    result["tactics"] = tactics(run, args.tactics_games, args.seed)
     result.update(seed=args.seed, load_before=load_before, load_after=load_average(),
                   machine=machine_info())
     from daskrl.league.table import plot_ratings

@@ -66,10 +66,10 @@ TAG = "simple_tag"
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "games": {"num_envs": 64, "num_steps": 8, "update_epochs": 4, "num_minibatches": 4,
               "learning_rate": 1e-3, "anneal_lr": True, "vf_coef": 0.5, "max_grad_norm": 0.5,
-              "hidden": 128},
+              "hidden": 128, "gamma": 0.9},
     TAG: {"num_envs": 128, "num_steps": 25, "update_epochs": 10, "num_minibatches": 1,
           "learning_rate": 7e-4, "anneal_lr": False, "vf_coef": 1.0, "max_grad_norm": 10.0,
-          "hidden": 64},
+          "hidden": 64, "gamma": 0.99},
 }
 """The settings that differ by env: the board games' PPO, and MAPPO's on simple tag (as
 ``graphs/mappo.py``); ``Config.resolved`` fills the unset ones from here."""
@@ -98,7 +98,8 @@ class Config:
                                           None)
     anneal_lr: bool | None = setting("anneal the learning rate linearly to 0; default True, "
                                      "simple tag False", None)
-    gamma: float = setting("discount factor", 0.99)
+    gamma: float | None = setting("discount factor; default 0.9 (a win now is worth clearly "
+                                  "more than one later: tactics), simple tag 0.99", None)
     gae_lambda: float = setting("GAE lambda", 0.95)
     clip_coef: float = setting("surrogate clipping coefficient", 0.2)
     ent_coef: float = setting("entropy bonus coefficient", 0.01)
