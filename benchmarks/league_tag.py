@@ -69,6 +69,30 @@ def measure(run: Path, episodes: int, seed: int) -> dict[str, Any]:
             "goal": config.goal}
 
 
+def cross_play(run: Path, other: Path, episodes: int, seed: int) -> dict[str, Any]:
+    """Each final team of ``run`` against the other team of ``other`` (a run of
+    ``graphs/mappo.py`` on simple tag with the same network sizes, say)."""
+    from daskrl.core.script import load_graph
+    from daskrl.runtime.checkpoint import load_latest
+    from marl.mappo import mean_se
+    from marl.tag_league import matchup_returns
+
+    graph = load_graph(GRAPH)
+    config = run_config(graph, run).resolved()
+    ours = load_latest(run / "checkpoints")["learner"]["model"]
+    theirs = load_latest(other / "checkpoints")["learner"]["model"]
+
+    def play(adversary: Any, good: Any) -> dict[str, list[float]]:
+        out = matchup_returns(graph.tag_env(config), graph.tag_model(config),
+                              {"adversary": adversary, "good": good}, seed, episodes,
+                              deterministic=False)
+        return {team: list(mean_se(x)) for team, x in out.items()}
+    return {"against": str(other), "ours_vs_ours": play(ours, ours),
+            "theirs_vs_theirs": play(theirs, theirs),
+            "our_predators_vs_their_prey": play(ours, theirs),
+            "their_predators_vs_our_prey": play(theirs, ours)}
+
+
 def table(result: dict[str, Any]) -> str:
     """The markdown section: the fixed match-ups, then each team against the snapshots."""
     load = f"{result['load_before']['load_1m']:.1f}-{result['load_after']['load_1m']:.1f}"
@@ -103,6 +127,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "league-tag")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "league_tag.json")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="also cross-play the final teams with this run's (e.g. a "
+                             "graphs/mappo.py run on simple tag: co-training without a league)")
     args = parser.parse_args()
     run = args.run
     load_before = load_average()
@@ -114,6 +141,8 @@ def main() -> None:
         print(f"trained in {time.perf_counter() - started:.0f} s")
         run = args.out
     result = measure(run, args.episodes, args.seed)
+    if args.against is not None:
+        result["cross_play"] = cross_play(run, args.against, args.episodes, args.seed)
     result.update(seed=args.seed, load_before=load_before, load_after=load_average(),
                   machine=machine_info())
     from daskrl.league.table import plot_ratings

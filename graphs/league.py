@@ -135,8 +135,8 @@ class Config:
                                   "games)", 0.1)
     eval_games: int = setting("games from each seat in an evaluation (simple tag: episodes)",
                               50)
-    goal: float = setting("simple tag: touches of the prey that make an episode the "
-                          "predators' win (the league's score)", 2.0)
+    goal: float = setting("simple tag: touches (one predator on the prey for one step) that "
+                          "make an episode the predators' win (the league's score)", 2.0)
     num_good: int = setting("simple tag: good agents (prey)", 1)
     num_adversaries: int = setting("simple tag: adversaries (predators)", 3)
 

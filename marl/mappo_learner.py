@@ -204,6 +204,9 @@ class MAPPOLearner(GradientUpdate):
         Replicas average them (equal-size batches: the mean of means is the overall mean,
         and a ratio of averaged sums is the overall ratio), so every replica's value
         normalisers take the same step and ``return_mean/<team>`` covers every replica.
+        With a ``learn`` mask a team's statistics cover only its own slots (NaN when it has
+        none: its normaliser then keeps still); replicas' counts then differ, and the mean
+        of means is not exact (a league runs one learner).
         """
         returns = _returns(batches)
         learn = _learn_mask(batches)

@@ -10,9 +10,11 @@ latest team learns from that env (the batch's ``learn`` mask, which
 :class:`marl.mappo_learner.MAPPOLearner` honours). Simple tag's episodes all start together,
 so an episode never changes opponents half-way.
 
-Scoring an episode for the ratings: the predators win when they touched the prey at least
-``goal`` times (an adversary's return is 10 per touch), else the prey win. Simple tag has no
-winner of its own; the goal is the league's choice, stated with its results.
+Scoring an episode for the ratings: the predators win when they made at least ``goal``
+touches, else the prey win. A touch is one predator in contact with the prey for one step
+(three predators on the prey for a step are three touches); every predator's return is 10
+per touch of the team. Simple tag has no winner of its own; the goal is the league's
+choice, stated with its results.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def actor_prefix(team: int) -> str:
 
 def predators_score(adversary_return: float, goal: float) -> float:
     """The predators' score of an episode: 1 when their (per-agent) return counts at least
-    ``goal`` touches, else 0 (the prey win).
+    ``goal`` touches (predator-prey contacts, summed over predators and steps), else 0.
 
     Examples
     --------

@@ -39,8 +39,9 @@ class ValueNorm(nn.Module):
 
     @torch.no_grad()
     def update(self, stats: Tensor) -> None:
-        """Fold a batch's :meth:`batch_stats` into the running estimates."""
-        if not self.enabled:
+        """Fold a batch's :meth:`batch_stats` into the running estimates (a batch with no
+        value, whose statistics are NaN, leaves them as they are)."""
+        if not self.enabled or bool(torch.isnan(stats).any()):
             return
         b = self.beta
         stats = stats.to(self.running_mean.device, torch.float64)

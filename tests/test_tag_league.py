@@ -17,7 +17,7 @@ from distributed import Client, get_task_stream
 import daskrl
 from daskrl.core.algorithm import LearnerOutput
 from daskrl.core.script import load_graph
-from daskrl.league.coordinator import RANDOM, SELF, LeagueSettings
+from daskrl.league.coordinator import RANDOM, SELF, LeagueCoordinator, LeagueSettings
 from daskrl.league.teams import TeamLeagueCoordinator
 from daskrl.runtime.checkpoint import load_latest
 from marl.mappo import MAPPOHyper, MAPPOLearner, MAPPOModel, ModelSpec, RolloutSpec, layout_of
@@ -99,6 +99,9 @@ def test_the_learner_learns_only_from_slots_its_team_played():
     learner.update([batch], progress=0.0)
     assert all(torch.equal(a, b) for a, b in zip(prey, params(1), strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(predators, params(0), strict=True))
+    # a team with no slot leaves its value normaliser as it was (not NaN)
+    norm = learner.model.value_norms[1]
+    assert torch.isfinite(norm.running_mean).all() and float(norm.debiasing_term) == 0.0
 
 
 def test_each_team_is_rated_against_the_other_teams_snapshots():
@@ -129,6 +132,8 @@ def test_each_team_is_rated_against_the_other_teams_snapshots():
         TeamLeagueCoordinator(LeagueSettings(), {"a": "x.", "b": "y."}).start(out2)
     with pytest.raises(ValueError, match="--exploiters"):
         TeamLeagueCoordinator(LeagueSettings(exploiters=1), TEAMS)
+    with pytest.raises(ValueError, match="two-team one"):  # a tag league resumed as a game
+        LeagueCoordinator(LeagueSettings()).start(out2)
 
 
 def test_predators_win_at_the_goal():
@@ -184,7 +189,10 @@ def test_both_teams_learn_in_a_tag_league(tmp_path: Path):
     """After 300k env steps of the two-team league each team does better against a random
     other team than a random team does: the predators touch the prey far more often, the
     prey loses less (touches and the boundary penalty; sampled actions, 400 fresh episodes
-    per match-up)."""
+    per match-up). Measured at 200k, seeds 1-2: the prey -7.0 and -8.6 against a random
+    prey's -15.0. The prey's edge against random predators is a mid-budget one: at 1M steps,
+    specialised against trained predators, it is back to a random prey's
+    (benchmarks/league.md)."""
     out = tmp_path / "learn"
     daskrl.train(GRAPH, steps=300_000, out=out, progress=False, env="simple_tag",
                  evaluate=False)

@@ -173,6 +173,9 @@ class LeagueCoordinator:
         ValueError
             When a resumed league has another number of exploiters than the settings.
         """
+        if output.coordinator and "teams" in output.coordinator:
+            raise ValueError("the run's league is a two-team one (simple_tag): resume it with "
+                             "the env it trained on")
         league = (copy_league(output.coordinator) if output.coordinator
                   else new_league(self.settings))
         have = len(league["exploiters"])
