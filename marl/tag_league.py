@@ -103,6 +103,10 @@ class TagLeagueActor(MAPPOActor):
         self.opponent = np.full(num_envs, SELF)  # per env: the member id the learner plays
         self.matches: list[tuple[str, int, float]] = []
         self._assigned = False
+        # the envs of each (learning team, opponent) match-up and the learn mask, rebuilt
+        # only when match-ups change (at episode ends), not at every step
+        self._groups: list[tuple[int, int, Tensor]] | None = None
+        self._learn = torch.zeros(0)
 
     def resized(self, num_envs: int, seed: int) -> TagLeagueActor:
         """The same settings with ``num_envs`` envs and ``seed`` (fusion, ``single``)."""
@@ -143,6 +147,25 @@ class TagLeagueActor(MAPPOActor):
                 picks = self.slots[team]
                 self.learner_team[env] = team
                 self.opponent[env] = picks[int(self.rng.integers(len(picks)))]
+        self._groups = None
+
+    def _match_ups(self, device: torch.device
+                   ) -> tuple[list[tuple[int, int, Tensor]], Tensor]:
+        """The envs (a tensor on ``device``) of each (learning team, opponent) match-up
+        that seats a snapshot or the random team, and the ``[E, 2]`` learn mask."""
+        if self._groups is None:
+            groups: dict[tuple[int, int], list[int]] = {}
+            for env in np.flatnonzero(self.learner_team != BOTH):
+                groups.setdefault((int(self.learner_team[env]), int(self.opponent[env])),
+                                  []).append(int(env))
+            self._groups = [(team, ident, torch.tensor(envs, device=device))
+                            for (team, ident), envs in groups.items()]
+            learn = np.zeros((self.num_envs, 2), bool)
+            learn[self.learner_team == BOTH] = True
+            for team in (0, 1):
+                learn[self.learner_team == team, team] = True
+            self._learn = torch.from_numpy(learn).to(device)
+        return self._groups, self._learn
 
     def _net(self, key: tuple[int, int], device: torch.device) -> MAPPOModel:
         net = self.nets.get(key)
@@ -159,32 +182,22 @@ class TagLeagueActor(MAPPOActor):
             self._assign(np.arange(self.num_envs))
             self._assigned = True
         actions, logp = self.model.act(obs, self.generator)
-        groups: dict[tuple[int, int], list[int]] = {}
-        for env in np.flatnonzero(self.learner_team != BOTH):
-            groups.setdefault((int(self.learner_team[env]), int(self.opponent[env])),
-                              []).append(int(env))
-        for (team, ident), envs in groups.items():
+        for team, ident, rows in self._match_ups(obs.device)[0]:
             other = 1 - team
-            rows = torch.tensor(envs, device=obs.device)
             idx = self.model.agent_index(other)
             if ident == RANDOM or (team, ident) not in self.snapshots:
-                logits = torch.zeros(len(envs) * len(idx), self.layout.team_num_actions(other),
+                logits = torch.zeros(len(rows) * len(idx), self.layout.team_num_actions(other),
                                      device=obs.device)
             else:
                 logits = self._net((team, ident), obs.device).logits(obs[rows], other)
             a, lp = sample(logits, self.generator)
-            actions[rows[:, None], idx] = a.view(len(envs), -1)
-            logp[rows[:, None], idx] = lp.view(len(envs), -1).to(logp.dtype)
+            actions[rows[:, None], idx] = a.view(len(rows), -1)
+            logp[rows[:, None], idx] = lp.view(len(rows), -1).to(logp.dtype)
         return actions, logp
 
     def learning(self) -> Tensor:
         """``[E, 2]``: both teams learn in self-play envs, only the latest team elsewhere."""
-        learn = np.zeros((self.num_envs, 2), bool)
-        both = self.learner_team == BOTH
-        learn[both] = True
-        for team in (0, 1):
-            learn[self.learner_team == team, team] = True
-        return torch.from_numpy(learn).to(self.obs.device)
+        return self._match_ups(self.obs.device)[1]
 
     def episodes_finished(self, rows: Tensor, team_means: Tensor) -> None:
         """Report each finished episode's result to the league; draw the next match-ups."""
