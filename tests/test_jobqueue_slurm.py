@@ -74,6 +74,13 @@ def slurm_node() -> dict[str, int]:
     return {"gpus": gpus}
 
 
+def jobs_of(err: str) -> dict[str, str]:
+    """The Slurm job of each worker, from the line the CLI prints on stderr."""
+    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
+    assert found, err
+    return ast.literal_eval(found.group(1))
+
+
 def job_state(job_id: str) -> str:
     """``"RUNNING gres:gpu:1"``: a job's state and GRES, as slurmctld reports them."""
     out = _run("scontrol", "-o", "show", "job", job_id).stdout
@@ -192,9 +199,7 @@ def test_mappo_trains_on_slurm_jobs_through_the_cli_and_cancels_them(slurm_node,
                  "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 0, err
-    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
-    assert found, err
-    ids: dict[str, str] = ast.literal_eval(found.group(1))
+    ids = jobs_of(err)
     expected = {"cpu-0", "gpu-0"} if gpus else {"cpu-0", "cpu-1"}
     assert set(ids) == expected
     # each worker ran in its batch job: Slurm wrote the job's output under its id
@@ -230,9 +235,7 @@ def test_a_league_with_its_coordinator_trains_on_slurm_jobs(slurm_node, tmp_path
                  "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 0, err
-    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
-    assert found, err
-    ids: dict[str, str] = ast.literal_eval(found.group(1))
+    ids = jobs_of(err)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["placement"]["coordinator"] and set(
         summary["placement"]["coordinator"]) <= set(ids)
@@ -309,9 +312,7 @@ def test_a_sweep_trains_its_trials_on_slurm_jobs_and_cancels_them(slurm_node, tm
                  "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert code == 0, err
-    found = re.search(r"^slurm: .*; jobs (\{.*\})$", err, re.MULTILINE)
-    assert found, err
-    ids: dict[str, str] = ast.literal_eval(found.group(1))
+    ids = jobs_of(err)
     sweep = json.loads((out / "sweep.json").read_text())
     assert {r["state"] for r in sweep["trials"].values()} == {"finished"}
     learners = {json.loads((out / name / "summary.json").read_text())["placement"]["learner"][0]
