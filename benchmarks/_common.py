@@ -6,6 +6,7 @@ Benchmarks run as scripts (``python benchmarks/<name>.py``), so this module is i
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import math
@@ -234,3 +235,19 @@ def run_config(graph: Any, run: Path) -> Any:
     saved = yaml.safe_load((run / "config.yaml").read_text())
     names = {f.name for f in dataclasses.fields(graph.Config)}
     return graph.Config(**{k: v for k, v in saved.items() if k in names})
+
+
+def graph_setting(text: str) -> tuple[str, Any]:
+    """``FIELD=VALUE`` of ``--set``, the value read as JSON when it parses (numbers, true).
+
+    >>> graph_setting("update_epochs=4"), graph_setting("env=CartPole-v1")
+    (('update_epochs', 4), ('env', 'CartPole-v1'))
+    """
+    field, sep, value = text.partition("=")
+    if not sep or not field:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: write FIELD=VALUE, e.g. "
+                                         "update_epochs=4")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value

@@ -18,6 +18,7 @@ from typing import Any
 
 from _common import (
     ROOT,
+    graph_setting,
     load_average,
     machine_info,
     markdown_table,
@@ -201,6 +202,11 @@ def main() -> None:
                         help="PFSP's weighting (graphs/league.py --pfsp)")
     parser.add_argument("--gamma", type=float, default=None,
                         help="discount factor (graphs/league.py --gamma; default: its own)")
+    parser.add_argument("--set", type=graph_setting, action="append", default=[],
+                        metavar="FIELD=VALUE", help="another setting of graphs/league.py, "
+                        "e.g. --set hidden=256 (repeatable)")
+    parser.add_argument("--section", default="league-connect-four",
+                        help="the marked section of league.md that gets the table")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "league-c4")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "league.json")
     args = parser.parse_args()
@@ -212,7 +218,7 @@ def main() -> None:
         started = time.perf_counter()
         daskrl.train(GRAPH, steps=args.steps, out=args.out, seed=args.seed,
                      env="connect_four_v3", torso=args.torso, pfsp=args.pfsp,
-                     gamma=args.gamma)
+                     gamma=args.gamma, **dict(args.set))
         print(f"trained in {time.perf_counter() - started:.0f} s")
         run = args.out
     result = measure(run, args.games, args.seed)
@@ -225,7 +231,7 @@ def main() -> None:
     plot_ratings(run, args.json.with_name("league_ratings.png"))
     write_json(args.json, result)
     text = table(result)
-    update_section(HERE / "league.md", "league-connect-four", text)
+    update_section(HERE / "league.md", args.section, text)
     print(text)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from _common import (
     ROOT,
+    graph_setting,
     load_average,
     machine_info,
     markdown_table,
@@ -51,22 +52,6 @@ FIELDS = ("env_steps_per_s", "ideal_env_steps_per_s", "of_ideal", "learner_busy"
           "policy_lag_mean", "scheduler_tasks_per_s", "scheduler_cpu_share",
           "driver_cpu_s_per_iteration", "weight_bytes_per_s", "rollout_bytes_per_s",
           "actors_cpu_share", "learner_cpu_share", "iteration_s", "rollout_s", "actor_procs")
-
-
-def graph_setting(text: str) -> tuple[str, Any]:
-    """``FIELD=VALUE`` of ``--set``, the value read as JSON when it parses (numbers, true).
-
-    >>> graph_setting("update_epochs=4"), graph_setting("env=CartPole-v1")
-    (('update_epochs', 4), ('env', 'CartPole-v1'))
-    """
-    field, sep, value = text.partition("=")
-    if not sep or not field:
-        raise argparse.ArgumentTypeError(f"--set {text!r}: write FIELD=VALUE, e.g. "
-                                         "update_epochs=4")
-    try:
-        return field, json.loads(value)
-    except json.JSONDecodeError:
-        return field, value
 
 
 def point_spec(system: str, actors: int, args: argparse.Namespace) -> dict[str, Any]:
