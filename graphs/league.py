@@ -111,6 +111,9 @@ class Config:
     torso: Literal["conv", "mlp"] = setting(
         "the network's torso: convolutions over the board (then one hidden layer), or an MLP "
         "over the flattened planes", "mlp")
+    mirror: bool = setting(
+        "board games: a network symmetric under the board's left-right mirror (logits and value "
+        "averaged over the position and its mirror image)", False)
     snapshot_every: int = setting("iterations between frozen snapshots of the policy", 10)
     max_snapshots: int = setting("snapshots kept in the league, the main agent's and the "
                                  "exploiters' together (the oldest leaves)", 20)
@@ -186,7 +189,8 @@ class Config:
 def network(config: Config) -> MaskedActorCritic:
     """The policy-value network for the game's board and moves."""
     shape = GameShape.of(config.env)
-    return MaskedActorCritic(shape.board, shape.actions, (config.hidden,) * 2, config.torso)
+    return MaskedActorCritic(shape.board, shape.actions, (config.hidden,) * 2, config.torso,
+                             mirror=shape.mirror if config.mirror else None)
 
 
 def make_learner(config: Config, seed: int, device: str) -> LeagueLearner:
@@ -201,7 +205,7 @@ def make_actor(config: Config, seed: int) -> GameActor:
     """Role ``rollout``: games against the coordinator's picks."""
     return GameActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
                      config.gae_lambda, config.torso, config.exploiters, config.exploiter_share,
-                     config.rating_share, config.fixed())
+                     config.rating_share, config.fixed(), config.mirror)
 
 
 def benchmark_player(config: Config, name: str, seed: int) -> Any:
@@ -308,6 +312,9 @@ def build_tag(config: Config) -> Algorithm:
     if config.torso != "mlp":
         raise ValueError(f"--torso {config.torso} is for board games: simple tag's networks "
                          "are MLPs; drop --torso")
+    if config.mirror:
+        raise ValueError("--mirror is for board games: simple tag's teams have no mirror "
+                         "move map; drop --mirror")
     if config.goal <= 0:
         raise ValueError(f"--goal must be > 0 touches, got {config.goal}")
     if config.eval_games < 1:

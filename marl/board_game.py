@@ -11,7 +11,7 @@ network masks illegal moves itself.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,9 @@ class GameShape:
     """Shape of the observation planes, e.g. ``(6, 7, 2)``."""
     actions: int
     """Moves (the action mask's length)."""
+    mirror: tuple[int, ...] | None = None
+    """Move ``mirror[a]`` of the board mirrored left to right is move ``a``'s mirror image
+    (None: not known)."""
 
     @property
     def features(self) -> int:
@@ -72,13 +75,27 @@ class GameShape:
         Examples
         --------
         >>> GameShape.of("connect_four_v3")
-        GameShape(board=(6, 7, 2), actions=7)
+        GameShape(board=(6, 7, 2), actions=7, mirror=(6, 5, 4, 3, 2, 1, 0))
         >>> GameShape.of("connect_four_v3").features
         91
+        >>> GameShape.of("tictactoe_v3").mirror
+        (2, 1, 0, 5, 4, 3, 8, 7, 6)
         """
         env = make_game(name)
         space = env.observation_space(env.possible_agents[0])
-        return cls(tuple(space["observation"].shape), int(space["action_mask"].shape[0]))
+        board = tuple(space["observation"].shape)
+        actions = int(space["action_mask"].shape[0])
+        # where each first move lands, read from the game itself: the mirror of a move is the
+        # move that lands on the mirrored cell
+        cells = []
+        for action in range(actions):
+            env.reset(seed=0)
+            mover = env.agent_selection
+            env.step(action)
+            cells.append(tuple(np.argwhere(env.observe(mover)["observation"][..., 0])[0]))
+        mirrored = [(row, board[1] - 1 - col) for row, col in cells]
+        mirror = tuple(cells.index(c) for c in mirrored) if set(mirrored) == set(cells) else None
+        return cls(board, actions, mirror)
 
 
 def flat_observation(observation: dict[str, np.ndarray]) -> np.ndarray:
@@ -106,7 +123,10 @@ class MaskedActorCritic(nn.Module):
     ``torso="mlp"``: separate actor and critic MLPs over the flattened planes (as PPO's
     discrete head). ``torso="conv"``: a shared convolutional torso over the board (two 3x3
     convolutions, a 1x1 one down to 8 channels, then a hidden layer), which sees a line of
-    pieces wherever it lies on the board. It offers what
+    pieces wherever it lies on the board. With ``mirror`` (a :attr:`GameShape.mirror`) the
+    network is symmetric by construction: logits and value are the means over the position and
+    its left-right mirror image, each move's logit taken from its mirror move's, so what it
+    learns of a line on one side holds on the other. It offers what
     :class:`daskrl.algos.networks.ActorCritic` promises, so PPO's learner
     (:class:`daskrl.algos.learner.ActorCriticLearner`) trains it as it is.
 
@@ -120,6 +140,11 @@ class MaskedActorCritic(nn.Module):
     >>> conv = MaskedActorCritic((6, 7, 2), 7, (128,), torso="conv")
     >>> conv.evaluate(torch.zeros(5, 91), torch.zeros(5))[2].shape
     torch.Size([5])
+    >>> sym = MaskedActorCritic((6, 7, 2), 7, mirror=GameShape.of("connect_four_v3").mirror)
+    >>> x = torch.rand(3, 91); x[:, 84:] = 1
+    >>> flip = torch.cat([x[:, :84].reshape(3, 6, 7, 2).flip(2).reshape(3, 84), x[:, 84:]], 1)
+    >>> torch.allclose(sym.logits(x), sym.logits(flip).flip(1), atol=1e-6)
+    True
     """
 
     action_shape: tuple[int, ...] = ()
@@ -129,10 +154,16 @@ class MaskedActorCritic(nn.Module):
 
     def __init__(self, board: tuple[int, ...], num_actions: int,
                  hidden: tuple[int, ...] = (128, 128), torso: str = "mlp",
-                 channels: int = 32) -> None:
+                 channels: int = 32, mirror: Sequence[int] | None = None) -> None:
         super().__init__()
         self.board, self.num_actions, self.torso = tuple(board), num_actions, torso
         self.board_features = int(np.prod(board))
+        if mirror is not None and sorted(mirror) != list(range(num_actions)):
+            raise ValueError(f"mirror {tuple(mirror)} is not a permutation of the "
+                             f"{num_actions} moves: pass GameShape.of(game).mirror")
+        # not in the state dict: weights load the same with and without it
+        self.register_buffer("mirror", None if mirror is None else torch.tensor(mirror),
+                             persistent=False)
         if torso == "mlp":
             self.actor = mlp(self.board_features, num_actions, hidden, out_std=0.01)
             self.critic = mlp(self.board_features, 1, hidden, out_std=1.0)
@@ -149,42 +180,51 @@ class MaskedActorCritic(nn.Module):
         else:
             raise ValueError(f"torso {torso!r} is not known: choose mlp or conv")
 
-    def _split(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def _heads(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Raw logits, values ``(B,)`` and the action mask of flat observations."""
         x = obs.float().reshape(len(obs), -1)
         board, mask = x[:, : self.board_features], x[:, self.board_features :]
+        n = len(x)
+        if self.mirror is not None:  # one pass over the positions and their mirror images
+            flipped = board.reshape(n, *self.board).flip(2).reshape(n, -1)
+            board = torch.cat([board, flipped])
         if self.torso == "conv":  # planes last in the observation, channels first for conv
-            board = self.body(board.reshape(len(x), *self.board).permute(0, 3, 1, 2))
-        return board, mask
+            board = self.body(board.reshape(len(board), *self.board).permute(0, 3, 1, 2))
+        logits, values = self.actor(board), self.critic(board).squeeze(-1)
+        if self.mirror is not None:
+            logits = 0.5 * (logits[:n] + logits[n:, self.mirror])
+            values = 0.5 * (values[:n] + values[n:])
+        return logits, values, mask
 
     def logits(self, obs: Tensor) -> Tensor:
         """Masked action logits."""
-        board, mask = self._split(obs)
-        return masked_logits(self.actor(board), mask)
+        logits, _, mask = self._heads(obs)
+        return masked_logits(logits, mask)
 
     def value(self, obs: Tensor) -> Tensor:
         """State values, shape ``(B,)``."""
-        return self.critic(self._split(obs)[0]).squeeze(-1)
+        return self._heads(obs)[1]
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probabilities of ``actions``, entropies over legal moves and values."""
-        board, mask = self._split(obs)
-        logp_all = torch.log_softmax(masked_logits(self.actor(board), mask), dim=-1)
+        logits, values, mask = self._heads(obs)
+        logp_all = torch.log_softmax(masked_logits(logits, mask), dim=-1)
         logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all.clamp_min(-1e4)).sum(-1)
-        return logp, entropy, self.critic(board).squeeze(-1)
+        return logp, entropy, values
 
     @torch.inference_mode()
     def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
             deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """Legal actions (sampled, or the most likely), their log-probabilities and values."""
-        board, mask = self._split(torch.as_tensor(obs, dtype=torch.float32))
-        logp_all = torch.log_softmax(masked_logits(self.actor(board), mask), dim=-1)
+        logits, values, mask = self._heads(torch.as_tensor(obs, dtype=torch.float32))
+        logp_all = torch.log_softmax(masked_logits(logits, mask), dim=-1)
         if deterministic:
             actions = logp_all.argmax(-1)
         else:
             actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
         logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return actions, logp, self.critic(board).squeeze(-1)
+        return actions, logp, values
 
     def policy(self, deterministic: bool = True) -> MaskedPolicy:
         """The policy alone (flat observations in, legal actions out)."""

@@ -72,8 +72,10 @@ class GameActor:
     def __init__(self, game: str, num_envs: int, seed: int, hidden: tuple[int, ...] = (128, 128),
                  gamma: float = 0.99, gae_lambda: float = 0.95, torso: str = "mlp",
                  exploiters: int = 0, exploiter_share: float = 0.25,
-                 rating_share: float = 0.0, fixed: tuple[str, ...] = ()) -> None:
+                 rating_share: float = 0.0, fixed: tuple[str, ...] = (),
+                 mirror: bool = False) -> None:
         self.game, self.num_envs, self.hidden, self.torso = game, num_envs, hidden, torso
+        self.mirror = mirror
         self.fixed = tuple(fixed)
         # the league's scripted members, by their ids (LeagueSettings.fixed's order)
         self.scripted = {RANDOM + 1 + i: scripted_player(game, name, seed + 2 + i)
@@ -101,13 +103,14 @@ class GameActor:
         self._started = False
 
     def _network(self) -> MaskedActorCritic:
-        return MaskedActorCritic(self.shape.board, self.shape.actions, self.hidden, self.torso)
+        return MaskedActorCritic(self.shape.board, self.shape.actions, self.hidden, self.torso,
+                                 mirror=self.shape.mirror if self.mirror else None)
 
     def resized(self, num_envs: int, seed: int) -> GameActor:
         """A copy playing ``num_envs`` games (fused replicas, ``single``)."""
         return GameActor(self.game, num_envs, seed, self.hidden, self.gamma, self.gae_lambda,
                          self.torso, self.exploiters, self.exploiter_share, self.rating_share,
-                         self.fixed)
+                         self.fixed, self.mirror)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights and the coordinator's opponent slots."""

@@ -177,6 +177,44 @@ def test_lookahead_beats_random_and_blocks():
     assert lookahead_player(shape, 0)(obs).tolist() == [0]
 
 
+@pytest.mark.parametrize("game", ["connect_four_v3", "tictactoe_v3"])
+def test_the_mirror_map_is_the_games_own_and_the_symmetric_network_keeps_it(game: str):
+    """Playing each move's mirror (``GameShape.mirror``) gives, at every ply, the mirror image
+    of the position (planes flipped left to right, the mask permuted) and the same ending;
+    the network built with the map gives mirrored positions the mirrored move probabilities
+    and the same value, where one built without it does not."""
+    shape = GameShape.of(game)
+    mirror = np.array(shape.mirror)
+    rng = np.random.default_rng(0)
+    pairs = []
+    for seed in range(20):
+        env, flipped = make_game(game), make_game(game)
+        env.reset(seed=seed)
+        flipped.reset(seed=seed)
+        while not all(env.terminations.values()):
+            obs = env.observe(env.agent_selection)
+            other = flipped.observe(flipped.agent_selection)
+            np.testing.assert_array_equal(other["observation"], obs["observation"][:, ::-1])
+            np.testing.assert_array_equal(other["action_mask"], obs["action_mask"][mirror])
+            pairs.append((flat_observation(obs), flat_observation(other)))
+            move = int(rng.choice(np.flatnonzero(obs["action_mask"])))
+            env.step(move)
+            flipped.step(int(mirror[move]))
+        assert all(flipped.terminations.values()) and flipped.rewards == env.rewards
+    x = torch.as_tensor(np.stack([a for a, _ in pairs]))
+    x_mirrored = torch.as_tensor(np.stack([b for _, b in pairs]))
+    torch.manual_seed(0)
+    for torso in ("mlp", "conv"):
+        sym = MaskedActorCritic(shape.board, shape.actions, (32, 32), torso, mirror=shape.mirror)
+        probs = torch.softmax(sym.logits(x), -1)
+        torch.testing.assert_close(torch.softmax(sym.logits(x_mirrored), -1), probs[:, mirror])
+        torch.testing.assert_close(sym.value(x_mirrored), sym.value(x))
+    plain = MaskedActorCritic(shape.board, shape.actions, (32, 32))
+    assert not torch.allclose(plain.value(x_mirrored), plain.value(x), atol=1e-4)
+    with pytest.raises(ValueError, match="not a permutation"):
+        MaskedActorCritic(shape.board, shape.actions, mirror=(0,) * shape.actions)
+
+
 def test_the_actor_plays_the_coordinators_picks():
     actor = GameActor("connect_four_v3", 8, seed=0, hidden=(16, 16))
     net = MaskedActorCritic((6, 7, 2), 7, (16, 16))
