@@ -34,7 +34,7 @@ from daskrl.core.algorithm import Algorithm
 from daskrl.core.failures import StopAsked
 from daskrl.core.resources import Resources, parse_role_resources
 from daskrl.core.script import MissingExtra, load_graph
-from daskrl.distributions import Distribution, get_distribution, is_auto
+from daskrl.distributions import Distribution, auto_redecides, get_distribution, is_auto
 from daskrl.observe.metrics import write_summary
 from daskrl.runtime.auto import refuse_deterministic, resolve, sizing
 from daskrl.runtime.dask_backend import DaskBackend
@@ -296,6 +296,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     if resources:
         algo = algo.with_resources(_role_resources(resources))
     auto = isinstance(distribution, str) and is_auto(distribution)
+    redecide = auto and auto_redecides(str(distribution))
     if auto:  # probed on the cluster; the embedded one is sized for the largest candidate
         chosen = sizing(algo)
     else:
@@ -335,7 +336,7 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     run = Run(folder, steps, client, owned)
 
     def work(backend: Any) -> dict[str, Any]:
-        picked, run_settings = (resolve(backend, algo, settings) if auto
+        picked, run_settings = (resolve(backend, algo, settings, redecide=redecide) if auto
                                 else (chosen, settings))
         summary = train_run(backend, algo, picked, run_settings)
         if elastic is not None:

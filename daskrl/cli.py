@@ -94,7 +94,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         scale_like,
     )
     from daskrl.core.failures import FragmentError, RunStopped
-    from daskrl.distributions import get_distribution, is_auto
+    from daskrl.distributions import auto_redecides, get_distribution, is_auto
     from daskrl.observe.board_feed import page_line
     from daskrl.runtime.auto import refuse_deterministic, resolve, sizing
     from daskrl.runtime.dask_backend import DaskBackend
@@ -114,6 +114,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
         algo = build_algorithm(module, config, args.graph).with_resources(overrides)
         auto = is_auto(args.distribution)
         if auto:  # probed on the cluster once it runs; sized for the largest candidate
+            redecide = auto_redecides(args.distribution)
             refuse_deterministic(args.deterministic)
             distribution = sizing(algo)
         else:
@@ -195,7 +196,8 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
             print(page_line(client.dashboard_link), file=sys.stderr)
         try:
             if auto:
-                distribution, settings = resolve(backend, algo, settings)
+                distribution, settings = resolve(backend, algo, settings,
+                                                 redecide=redecide)
             if elastic is not None and cluster is not None:
                 from daskrl.cluster.elastic import adapt
 

@@ -51,8 +51,9 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--distribution", default=None,
         help="placement policy NAME[:KEY=VALUE,...], e.g. data-parallel:allreduce=torch "
              f"(default: the graph's own, actors-learner for most); names: {names}; 'auto' "
-             "probes each one the graph can use on the cluster for a second and trains "
-             "under the fastest")
+             "probes each one the graph can use on the cluster for a second, trains under "
+             "the fastest and re-decides when workers join or leave or the rate drifts "
+             "('auto:once' keeps its first choice)")
     add(train, "train", "--steps", type=int, default=500_000,
         help="env steps to train for, rounded up to whole iterations (default: %(default)s)")
     add(train, "train", "--seed", type=int, default=1,

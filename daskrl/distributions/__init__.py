@@ -42,10 +42,32 @@ def is_auto(spec: str | None) -> bool:
 
     Examples
     --------
-    >>> is_auto("auto"), is_auto("Auto"), is_auto("single"), is_auto(None)
-    (True, True, False, False)
+    >>> is_auto("auto"), is_auto("Auto"), is_auto("auto:once"), is_auto("single")
+    (True, True, True, False)
+    >>> is_auto(None)
+    False
     """
-    return spec is not None and spec.strip().lower() == AUTO
+    return spec is not None and spec.strip().lower().partition(":")[0] == AUTO
+
+
+def auto_redecides(spec: str) -> bool:
+    """Whether an :data:`AUTO` ``spec`` re-decides while the run goes on (``auto``) or keeps
+    the probe's choice (``auto:once``).
+
+    Examples
+    --------
+    >>> auto_redecides("auto"), auto_redecides("auto:once")
+    (True, False)
+    >>> auto_redecides("auto:twice")
+    Traceback (most recent call last):
+    ...
+    ValueError: --distribution auto:twice: write auto (re-decides during the run) or auto:once
+    """
+    option = spec.strip().lower().partition(":")[2]
+    if option not in ("", "once"):
+        raise ValueError(f"--distribution {spec}: write auto (re-decides during the run) or "
+                         "auto:once")
+    return option == ""
 
 
 def get_distribution(spec: str, **options: Any) -> Distribution:

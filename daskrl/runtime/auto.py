@@ -50,6 +50,7 @@ from daskrl.distributions import (
 from daskrl.distributions.base import parse_spec
 from daskrl.runtime.checkpoint import load_latest
 from daskrl.runtime.engine import Backend
+from daskrl.runtime.redecide import plan_from_probe
 from daskrl.runtime.settings import RunSettings
 
 NOISE = 0.05
@@ -340,22 +341,27 @@ def _short(why: str) -> str:
 
 
 def resolve(backend: Backend, algo: Algorithm, settings: RunSettings,
-            specs: Iterable[str] | None = None, probe_s: float = PROBE_S
-            ) -> tuple[Distribution, RunSettings]:
+            specs: Iterable[str] | None = None, probe_s: float = PROBE_S,
+            redecide: bool = True) -> tuple[Distribution, RunSettings]:
     """The distribution ``auto`` picks for this run, and the settings that record why.
 
-    A resumed run keeps the choice its checkpoint records; otherwise every candidate is
-    probed, the table printed (stderr) and the probe put in ``settings.meta`` (whence
-    ``summary.json`` and every checkpoint take it).
+    A resumed run keeps the choice its checkpoint records (the latest re-decision's);
+    otherwise every candidate is probed, the table printed (stderr) and the probe put in
+    ``settings.meta`` (whence ``summary.json`` and every checkpoint take it). ``redecide``:
+    the run may switch between the measured candidates while it goes on
+    (:attr:`RunSettings.redecide`, :mod:`daskrl.runtime.redecide`).
     """
     refuse_deterministic(settings.deterministic)
     if settings.resume:
         ckpt = load_latest(settings.out / "checkpoints") or {}
         before = (ckpt.get("meta") or {}).get("distribution_probe")
         if before:
-            print(f"daskrl: --distribution auto: resuming under {before['chosen']}, the "
-                  "distribution this run's probe chose", file=sys.stderr)
-            return get_distribution(before["chosen"]), settings
+            now = before.get("now") or before["chosen"]
+            said = "the run last switched to" if before.get("now") else "its probe chose"
+            print(f"daskrl: --distribution auto: resuming under {now}, the distribution "
+                  f"{said}", file=sys.stderr)
+            return get_distribution(now), dataclasses.replace(
+                settings, redecide=plan_from_probe(before) if redecide else None)
     probes = probe_all(backend, algo, settings, specs, probe_s, keep=True)
     try:
         winner = choose(probes)
@@ -375,7 +381,8 @@ def resolve(backend: Backend, algo: Algorithm, settings: RunSettings,
         print(f"daskrl: the run goes on from the {adopted} iterations of its "
               f"{winner.spec} probe", file=sys.stderr)
     return get_distribution(winner.spec), dataclasses.replace(
-        settings, meta=meta, resume=settings.resume or adopted > 0)
+        settings, meta=meta, resume=settings.resume or adopted > 0,
+        redecide=plan_from_probe(record) if redecide else None)
 
 
 def adopt(probe_out: Path, out: Path) -> int:

@@ -287,12 +287,12 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
     finally:
         recorder.close()
     loop.checkpoint()
-    summary = _summary(settings, algo, distribution, loop)
+    summary = _summary(loop.settings, algo, loop.distribution, loop)
     summary["advice"] = advisor.given if advisor is not None else []
     summary["determinism"] = determinism_record(settings.deterministic, distribution,
                                                 backend.worker_environ(NUMERICS))
     if loop.total > 0:  # the distribution's own figures, from the metrics just written
-        summary.update(distribution.headline_figures(read_metrics(out)))
+        summary.update(loop.distribution.headline_figures(read_metrics(out)))
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
         summary.update(loop.evals.forgetting(summary.get("eval_return_mean", math.nan)))
@@ -327,6 +327,7 @@ def _summary(settings: RunSettings, algo: Algorithm, distribution: Distribution,
         "deterministic": settings.deterministic,
         "weights_sha256": weights_sha256(last_done.weights),
         "replans": loop.replans,
+        **({"distribution_redecided": loop.redecider.record()} if loop.redecider else {}),
     }
 
 

@@ -64,6 +64,7 @@ class Recorder:
         self.iteration_sum = self.overhead_sum = 0.0
         self.t0 = time.perf_counter()
         self.last_row: dict[str, Any] = {}  # the last iteration recorded
+        self.last_rows: list[dict[str, Any]] = []  # the last task's iterations
 
     def record(self, it: int, output: LearnerOutput) -> float:
         """Write the rows of a task's iterations, ``it`` onwards (one, or the task's
@@ -87,7 +88,7 @@ class Recorder:
         if self.attached:
             rows[-1].update(self.attached)
             self.attached = {}
-        self.last_row = rows[-1]
+        self.last_row, self.last_rows = rows[-1], rows
         for j, row in enumerate(rows):
             if it + j > self.start:  # the first iteration also pays for worker start-up
                 wall, overhead = overhead_seconds(row)

@@ -46,7 +46,7 @@ from daskrl.core.failures import RunStopped
 from daskrl.core.placement import Placement
 from daskrl.core.roles import without_coordinator_state
 from daskrl.core.worker_state import drop_run
-from daskrl.distributions import Distribution, IterationInputs
+from daskrl.distributions import Distribution, IterationInputs, get_distribution
 from daskrl.distributions.base import coordinated, lightened
 from daskrl.runtime.attempt import (
     LOST,
@@ -61,6 +61,7 @@ from daskrl.runtime.attempt import (
 from daskrl.runtime.engine import Backend, Handle
 from daskrl.runtime.evaluations import PeriodicEvals
 from daskrl.runtime.recorder import Recorder
+from daskrl.runtime.redecide import Redecider
 from daskrl.runtime.run_checkpoints import check_finite, checkpoint_iteration, kept_checkpoint
 from daskrl.runtime.settings import RunSettings
 from daskrl.runtime.watchdog import Watchdog
@@ -129,6 +130,9 @@ class RunLoop:
         self.closing = False  # the graph carrying the full state before a re-plan is out
         self.joins_seen = attempt.since  # membership reports considered for a re-plan
         self.replans: list[dict[str, Any]] = []  # each re-plan: iteration, why, placement
+        # --distribution auto: re-decides while the run goes on (runtime.redecide)
+        self.redecider = Redecider(settings.redecide) if settings.redecide else None
+        self.switch_to: str | None = None  # the distribution the next re-plan switches to
 
     def run(self) -> LearnerOutput:
         """Step until every iteration is recorded; return the last output."""
@@ -248,6 +252,7 @@ class RunLoop:
         if self.first_done_at is None:
             self.first_done_at = time.monotonic()
         self._notice_joins()
+        self._redecide(head)
         if self.replan_reason is not None and not self._drains_to_replan():
             # the output just recorded carries the learner's full state: let the graphs
             # after it go (at most the next one has started) and go on from it, placed anew
@@ -328,11 +333,27 @@ class RunLoop:
             placement = place(self.backend, self.algo, self.distribution, self.token)
         except ValueError:  # the new workers cannot host anything of this run
             return
-        if placement.workers == self.attempt.placement.workers:
-            return
         names = {addr: name for name, addr in self.backend.identities().items()}
-        self.replan_reason = (f"worker(s) {', '.join(sorted(names.get(a, a) for a in joined))}"
-                              " joined")
+        why = f"worker(s) {', '.join(sorted(names.get(a, a) for a in joined))} joined"
+        if placement.workers == self.attempt.placement.workers:
+            if self.redecider is not None:  # another distribution may use them
+                self.redecider.cluster_changed(why)
+            return
+        self.replan_reason = why
+
+    def _redecide(self, done: InFlight) -> None:
+        """Under ``--distribution auto``: feed the graph just recorded to the
+        :class:`~daskrl.runtime.redecide.Redecider`; a switch it asks for is a re-plan at
+        the next iteration boundary under the other distribution."""
+        if self.redecider is None or self.replan_reason is not None or self.closing:
+            return
+        rows = self.recorder.last_rows
+        decision = self.redecider.observe(
+            sum(float(r.get("iteration_env_steps") or 0.0) for r in rows),
+            sum(float(r.get("iteration_s") or 0.0) for r in rows),
+            self.total - (done.first + done.count))
+        if decision is not None:
+            self.switch_to, self.replan_reason = decision
 
     def _drains_to_replan(self) -> bool:
         """Whether a re-plan waits for the graphs in flight and one more whose output
@@ -349,14 +370,24 @@ class RunLoop:
         ``drop_old``: nothing of the old run runs any more (it drained), so its resident
         objects go at once; otherwise with the run's end, as a lost attempt's."""
         reason, self.replan_reason, self.closing = self.replan_reason, None, False
+        switch, self.switch_to = self.switch_to, None
+        attempted = switch
         if self.next >= self.total:
             return
+        before = self.distribution
+        if switch is not None:  # a new instance: a distribution may keep its run's state
+            self.distribution = get_distribution(switch)
         try:
             placement: Placement | None = place(self.backend, self.algo, self.distribution,
                                                 self.token)
-        except ValueError:  # a worker left meanwhile: the loss is handled where it is seen
-            placement = None
+        except ValueError as exc:  # a worker left meanwhile: the loss is handled where it
+            placement = None  # is seen; a switch that cannot be placed is not made
+            if switch is not None and self.redecider is not None:
+                self.redecider.refused(switch, " ".join(str(exc).split()))
+                self.distribution, switch = before, None
         moves = placement_moves(self.attempt.placement, placement) if placement else []
+        if switch is not None:
+            moves.insert(0, f"--distribution {before.name} -> {switch}")
         if not moves:
             if drop_old:  # nothing was let go: the attempt goes on as it was
                 return
@@ -380,6 +411,19 @@ class RunLoop:
         self.recorder.attach({"replan": f"{reason}: {said}"})
         print(f"daskrl: {reason}; placed again from iteration {self.next + 1}: {said}",
               file=sys.stderr)
+        if switch is not None:
+            self._switched(switch)
+        elif attempted is None and self.redecider is not None:  # workers joined
+            self.redecider.cluster_changed(reason or "the cluster changed")
+
+    def _switched(self, spec: str) -> None:
+        """The run goes on under ``spec``: the redecider times it from its second graph, and
+        checkpoints record it, so a resume goes on under it."""
+        assert self.redecider is not None
+        self.redecider.switched(spec)
+        meta = dict(self.settings.meta)
+        meta["distribution_probe"] = {**meta.get("distribution_probe", {}), "now": spec}
+        self.settings = dataclasses.replace(self.settings, meta=meta)
 
     # ------------------------------------------------------------------ RECOVERING
 
@@ -410,6 +454,9 @@ class RunLoop:
         self.size = TaskSize(self.attempt.cap, self.settings.task_s)
         if self.recorder.timeline is not None:
             self.recorder.timeline.run = self.attempt.run
+        if self.redecider is not None:  # on the workers left, another may be faster
+            self.switch_to = None
+            self.redecider.cluster_changed(f"iteration {lost_at + 1} lost ({why[:80]})")
         return Phase.SUBMITTING
 
     def _place_again(self) -> Placement:

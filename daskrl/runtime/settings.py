@@ -9,6 +9,7 @@ from typing import Any
 
 from daskrl.core.placement import Placement
 from daskrl.runtime.checkpoint import list_checkpoints
+from daskrl.runtime.redecide import RedecidePlan
 
 
 @dataclass
@@ -80,6 +81,10 @@ class RunSettings:
     observers: tuple[Callable[[Mapping[str, Any], Placement], None], ...] = ()
     """Called with each recorded iteration's ``metrics.csv`` row and the placement it ran
     under (``--adapt`` sizes the cluster from them); they must return quickly."""
+    redecide: RedecidePlan | None = None
+    """``--distribution auto``: the distributions the run may switch between while it goes
+    on, and when it re-decides (:mod:`daskrl.runtime.redecide`). None: it keeps the one it
+    starts under."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Copied into the summary and every checkpoint (the graph, its config)."""
 

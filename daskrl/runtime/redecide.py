@@ -1,0 +1,241 @@
+"""``--distribution auto`` re-decides while the run goes on.
+
+The probe before training (:mod:`daskrl.runtime.auto`) picks the fastest distribution for
+the cluster and the workload as they were at the start. Both change: workers join and
+leave (``--adapt``, a pre-empted job), and a workload's cost moves (an off-policy learner
+starts updating once its replay holds ``learning_starts`` transitions; a replay fills; an
+env's episodes lengthen). A :class:`Redecider`, held by the run loop, watches each finished
+graph's env steps and seconds on the learner's clock and re-decides when
+
+- the cluster changed: a worker joined (the run placed its fragments again) or left (the
+  run recovered on the workers left), or
+- the rate drifted: the median rate of the last :attr:`RedecidePlan.window` graphs moved
+  by more than :attr:`RedecidePlan.drift` from the median of the first window after the
+  last decision.
+
+Re-deciding is a trial inside the run itself, not a separate probe: the run trains under
+each candidate in turn for :attr:`RedecidePlan.trial_s` seconds (after one graph that
+carries the switch's start-up, which is not timed), then settles on the fastest within
+:data:`~daskrl.runtime.auto.NOISE` (the distribution it ran before the trial first among
+equals). Every switch happens at an iteration boundary through the run loop's re-plan,
+from an output that carries the learner's full state (weights, optimiser, normalisation,
+replay), so no update is lost or repeated and a trial costs only the switches' start-ups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+NOISE = 0.05
+"""Rates within this share of the best count as equal (as the probe's :data:`daskrl.
+runtime.auto.NOISE`): the distribution that ran before the trial wins among them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RedecidePlan:
+    """What a run under ``--distribution auto`` may switch between, and when it re-decides.
+
+    Examples
+    --------
+    >>> plan = RedecidePlan(("actors-learner", "single"))
+    >>> plan.window, plan.drift, plan.trial_s
+    (10, 0.25, 1.0)
+    """
+
+    candidates: tuple[str, ...]
+    """The distributions the probe measured (the graph's own first)."""
+    start: str = ""
+    """The one the run starts under (the probe's choice; default: the first candidate)."""
+    window: int = 10
+    """Graphs whose median rate is compared with the reference; also the fewest iterations
+    left for a trial to start."""
+    drift: float = 0.25
+    """A sustained change of the rate by more than this share (either way) re-decides."""
+    trial_s: float = 1.0
+    """Seconds (learner clock) each candidate trains in a trial, after its first graph."""
+    max_trials: int = 4
+    """Trials a run makes at most (a workload whose rate never settles does not spend its
+    run switching)."""
+
+    def record(self) -> dict[str, Any]:
+        """What ``summary.json`` keeps of it."""
+        return dataclasses.asdict(self)
+
+
+class Redecider:
+    """Decides when a run under ``--distribution auto`` tries the other distributions, and
+    which one it settles on. Fed one finished graph at a time (:meth:`observe`); returns
+    the distribution to switch to, with why, or None.
+
+    Examples
+    --------
+    A steady run is left alone; a sustained slow-down starts a trial of the other
+    candidate; the trial measures it and settles on the faster:
+
+    >>> r = Redecider(RedecidePlan(("single", "actors-learner"), window=3, trial_s=1.0),
+    ...               "single")
+    >>> [r.observe(1000, 1.0, left=100) for _ in range(3)]  # the reference: 1,000/s
+    [None, None, None]
+    >>> [r.observe(1000, 1.0, left=100) for _ in range(3)]
+    [None, None, None]
+    >>> r.observe(500, 1.0, left=100)  # one slow graph: the window's median holds
+    >>> r.observe(500, 1.0, left=100)  # doctest: +ELLIPSIS
+    ('actors-learner', 'the rate moved from 1,000 to 500 env-steps/s ...')
+    >>> r.switched("actors-learner")
+    >>> r.observe(900, 3.0, left=90)  # its first graph carries the start-up: not timed
+    >>> r.observe(900, 1.0, left=89)  # 900/s against single's 500/s: it stays
+    >>> r.trial is None, r.current
+    (True, 'actors-learner')
+    >>> r.changes[-1]["rates"]
+    {'single': 500.0, 'actors-learner': 900.0}
+    """
+
+    def __init__(self, plan: RedecidePlan, current: str | None = None) -> None:
+        current = current or plan.start or plan.candidates[0]
+        self.plan, self.current = plan, current
+        self.rates: deque[float] = deque(maxlen=plan.window)
+        self.reference: float | None = None  # the first window's median after a decision
+        self.skip = 0  # graphs not timed: the first after a switch or a re-placement
+        self.trial: list[str] | None = None  # candidates still to try
+        self.measured: dict[str, float] = {}  # this trial's rates
+        self.before = current  # what ran before the trial: first among equals
+        self.steps = 0.0  # this candidate's timed env steps and seconds in the trial
+        self.seconds = 0.0
+        self.reason = ""
+        self.trials = 0
+        self.pending: str | None = None  # why a trial starts at the next graph
+        self.changes: list[dict[str, Any]] = []
+
+    def cluster_changed(self, why: str) -> None:
+        """Workers joined or left and the run was placed again: try every candidate on
+        the cluster as it is now (the current one first, placed anew). A trial under
+        way starts over: what it measured was on the cluster as it was."""
+        self.skip = 1
+        self.pending = why
+        if self.trial is not None:
+            self.trial = None
+            self.trials -= 1  # the trial that starts over is the same one
+
+    def refused(self, spec: str, why: str) -> None:
+        """Switching to ``spec`` failed (it could not be placed): the trial goes on without
+        it, under the distribution that ran; the graphs let go restart it (not timed)."""
+        self.skip = 1
+        self.steps = self.seconds = 0.0
+        self.measured.pop(spec, None)
+        self.changes.append({"reason": f"{spec} could not be placed: {why}", "rates": {},
+                             "from": self.current, "chosen": self.current})
+
+    def switched(self, spec: str) -> None:
+        """The run now trains under ``spec``; its first graph is not timed."""
+        self.current, self.skip = spec, 1
+        self.steps = self.seconds = 0.0
+
+    def observe(self, env_steps: float, seconds: float, left: int
+                ) -> tuple[str, str] | None:
+        """One finished graph: ``env_steps`` in ``seconds`` (learner clock), ``left``
+        iterations to go. The distribution to switch to now, and why; or None."""
+        if self.skip:
+            self.skip -= 1
+            return None
+        if seconds <= 0:
+            return None
+        if self.trial is not None:
+            return self._trial_step(env_steps, seconds)
+        if self.pending is not None:  # placed anew: time the current one first, as it is now
+            why, self.pending = self.pending, None
+            if not self._begin(why, left):
+                return None
+            self.measured, self.trial = {}, self._others()
+            self.steps = self.seconds = 0.0
+            return self._trial_step(env_steps, seconds)
+        self.rates.append(env_steps / seconds)
+        if len(self.rates) < self.plan.window:
+            return None
+        median = statistics.median(self.rates)
+        if self.reference is None:
+            self.reference = median
+            self.rates.clear()
+            return None
+        low, high = (1 - self.plan.drift) * self.reference, self.reference / (1 - self.plan.drift)
+        if low <= median <= high:
+            return None
+        why = (f"the rate moved from {self.reference:,.0f} to {median:,.0f} env-steps/s "
+               f"over the last {self.plan.window} graphs under {self.current}")
+        if not self._begin(why, left):
+            return None
+        self.measured = {self.current: median}  # the window just seen times the current one
+        others = self._others()
+        self.trial = others[1:]
+        return others[0], f"{why}: trying {others[0]}"
+
+    def _others(self) -> list[str]:
+        return [c for c in self.plan.candidates if c != self.current]
+
+    def _begin(self, why: str, left: int) -> bool:
+        """Whether a trial starts now (enough iterations left, trials left, something else
+        to try); if not, the rate is measured afresh from here."""
+        if left < self.plan.window or self.trials >= self.plan.max_trials or not self._others():
+            self.reference = None
+            self.rates.clear()
+            return False
+        self.trials += 1
+        self.before, self.reason = self.current, why
+        return True
+
+    def _trial_step(self, env_steps: float, seconds: float) -> tuple[str, str] | None:
+        self.steps += env_steps
+        self.seconds += seconds
+        if self.seconds < self.plan.trial_s:
+            return None
+        self.measured[self.current] = self.steps / self.seconds
+        assert self.trial is not None
+        if self.trial:
+            nxt = self.trial.pop(0)
+            return nxt, f"{self.reason}: trying {nxt}"
+        return self._settle()
+
+    def _settle(self) -> tuple[str, str] | None:
+        order = [self.before] + [c for c in self.plan.candidates if c != self.before]
+        best = max(self.measured.values())
+        winner = next(c for c in order
+                      if self.measured.get(c, 0.0) >= (1 - NOISE) * best)
+        self.changes.append({"reason": self.reason, "rates": dict(self.measured),
+                             "from": self.before, "chosen": winner})
+        self.trial, self.reference = None, None
+        self.rates.clear()
+        if winner == self.current:
+            return None
+        rate = self.measured[winner]
+        return winner, (f"{self.reason}: {winner} was the fastest "
+                        f"({rate:,.0f} env-steps/s of {len(self.measured)} tried)")
+
+    def record(self) -> dict[str, Any]:
+        """``summary.json``'s ``distribution_redecided``: the plan and each trial."""
+        return {"plan": self.plan.record(), "trials": self.changes, "final": self.current}
+
+
+def plan_from_probe(record: Mapping[str, Any]) -> RedecidePlan | None:
+    """The re-decision plan from a probe's record (``distribution_probe``): the candidates
+    with a measured rate, in the probe's order, starting under its choice (or the latest
+    re-decision's, on a resume); None with fewer than two.
+
+    Examples
+    --------
+    >>> plan = plan_from_probe({"chosen": "single", "candidates": [
+    ...     {"distribution": "actors-learner", "env_steps_per_s": 900.0},
+    ...     {"distribution": "impala", "env_steps_per_s": None},
+    ...     {"distribution": "single", "env_steps_per_s": 1000.0}]})
+    >>> plan.candidates, plan.start
+    (('actors-learner', 'single'), 'single')
+    >>> plan_from_probe({"chosen": "single", "candidates": [
+    ...     {"distribution": "single", "env_steps_per_s": 10.0}]}) is None
+    True
+    """
+    specs = tuple(c["distribution"] for c in record.get("candidates", ())
+                  if c.get("env_steps_per_s"))
+    start = record.get("now") or record["chosen"]
+    return RedecidePlan(specs, start) if len(specs) > 1 and start in specs else None

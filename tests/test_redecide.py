@@ -1,0 +1,122 @@
+"""``--distribution auto`` re-decides while the run goes on: a worker that joins makes the run
+try its candidates on the cluster as it is now and switch to the fastest; a switch carries
+the learner's whole state over (an off-policy replay included), and every iteration is
+recorded once.
+
+Real clusters (daskrl's own, one CPU per worker). The margins asserted are the workload's:
+two actors whose env steps cost 4 ms of CPU each run twice as fast on two workers as fused
+on one.
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from distributed import Client
+
+from daskrl.cluster.local import add_workers, close_cluster, local_cluster
+from daskrl.core.script import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.runtime.driver import train
+from daskrl.runtime.redecide import RedecidePlan
+from daskrl.runtime.settings import RunSettings
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="") as fh:
+            return [r for r in csv.DictReader(fh) if r.get("iteration")]
+    except FileNotFoundError:
+        return []
+
+
+def _settings(out: Path, steps: int, plan: RedecidePlan) -> RunSettings:
+    return RunSettings(out, steps=steps, redecide=plan, eval=False, progress=False,
+                       tensorboard=False, advice=False, task_s=0.0)
+
+
+def test_a_worker_that_joins_makes_the_run_switch_to_the_distribution_that_uses_it(
+        tmp_path: Path) -> None:
+    """One worker: ``single`` steps both actors' costly envs in one task. A second worker
+    joins: ``single`` has no use for it, so nothing is re-placed, but the run tries
+    ``actors-learner`` (an actor on each worker), finds it faster and goes on under it."""
+    ppo = load_graph(str(REPO / "graphs" / "ppo.py"))
+    algo = ppo.build(ppo.Config(num_actors=2, num_envs=2, num_steps=32, env_step_cost=0.004))
+    steps = 40 * algo.steps_per_iteration
+    plan = RedecidePlan(("single", "actors-learner"), "single", trial_s=1.0)
+    cluster = local_cluster([{"CPU": 1}], dashboard_address=None)
+    client = Client(cluster)
+    out = tmp_path / "run"
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = train(client, algo, get_distribution("single"),
+                                      _settings(out, steps, plan))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run)
+    try:
+        worker.start()
+        deadline = time.monotonic() + 120
+        while len(_rows(out / "metrics.csv")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        add_workers(cluster, [{"CPU": 1}])
+        worker.join(timeout=240)
+    finally:
+        client.close()
+        close_cluster(cluster)
+    assert "error" not in result, result.get("error")
+    summary = result["summary"]
+    (trial,) = summary["distribution_redecided"]["trials"]
+    assert trial["reason"] == "worker(s) w1 joined", trial
+    rates = trial["rates"]
+    assert rates["actors-learner"] > 1.4 * rates["single"], rates
+    assert trial["chosen"] == "actors-learner" == summary["distribution"], trial
+    assert sorted(summary["placement"]["rollout"]) == ["w0", "w1"], summary["placement"]
+    switches = [r for r in summary["replans"] if "--distribution" in " ".join(r["moves"])]
+    assert len(switches) == 1, summary["replans"]
+    rows = _rows(out / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 41))  # each once, in order
+    steps_seen = [int(r["env_steps"]) for r in rows]  # none lost, none counted twice
+    gaps = [b - a for a, b in zip([0, *steps_seen], steps_seen, strict=False)]
+    each = algo.steps_per_iteration
+    assert all(0.9 * each <= g < 1.5 * each for g in gaps), gaps
+
+
+def test_a_switch_carries_an_off_policy_learner_over_with_its_replay(
+        cluster_pair: dict[int, Client], tmp_path: Path) -> None:
+    """DQN, whose replay travels only in outputs that carry the full state: a plan that
+    re-decides on any change of rate switches ``single`` -> ``actors-learner`` (and maybe
+    back); the replay grows by each iteration's steps across every switch, and the learning
+    rate's schedule goes on where it was."""
+    dqn = load_graph(str(REPO / "graphs" / "dqn.py"))
+    algo = dqn.build(dqn.Config(num_envs=2, num_steps=64, learning_starts=256,
+                                buffer_size=100_000))
+    steps = 40 * algo.steps_per_iteration
+    plan = RedecidePlan(("single", "actors-learner"), "single", window=3, drift=0.0,
+                        trial_s=0.2, max_trials=2)
+    summary = train(cluster_pair[2], algo, get_distribution("single"),
+                    _settings(tmp_path / "run", steps, plan))
+    trials = summary["distribution_redecided"]["trials"]
+    assert trials and set(trials[0]["rates"]) == {"single", "actors-learner"}, trials
+    switches = [r["iteration"] for r in summary["replans"]
+                if "--distribution" in " ".join(r["moves"])]
+    assert switches, summary["replans"]
+    rows = _rows(tmp_path / "run" / "metrics.csv")
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 41))
+    replay = [int(float(r["replay_size"])) for r in rows]
+    grown = [int(r["iteration_env_steps"]) for r in rows]
+    assert replay == [sum(grown[: i + 1]) for i in range(len(rows))], (switches, replay)
+    lr = [float(r["charts/learning_rate"]) for r in rows]
+    assert all(b < a for a, b in zip(lr, lr[1:], strict=False)), (switches, lr)
