@@ -256,6 +256,7 @@ class Apex(Distribution):
     name = "apex"
     requires = frozenset({"replay"})
     deterministic = False
+    switchable = False  # the replay lives in shards, not in the learner's output
     headline = ("learner_busy", "policy_lag")
 
     def headline_figures(self, columns: Mapping[str, Sequence[float]]) -> dict[str, float]:

@@ -104,6 +104,12 @@ class Distribution(ABC):
     """Roles whose tasks the distribution moves to another worker itself when theirs is
     lost: losing a worker that hosted only these does not stop the run."""
 
+    switchable: ClassVar[bool] = True
+    """Whether a run may switch to or from it between iterations (``--distribution auto``'s
+    trials, :mod:`daskrl.runtime.redecide`): the learner output it takes and returns carries
+    the learner's whole state. False where part of that state lives elsewhere (Ape-X's
+    replay, in shards beside the actors)."""
+
     serves_coordinator: ClassVar[bool] = False
     """Whether it can run an algorithm with a coordinator
     (:class:`~daskrl.core.contracts.Coordinator`): its actors take each iteration's weights

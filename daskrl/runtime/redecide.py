@@ -30,6 +30,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from daskrl.distributions import get_distribution
+
 NOISE = 0.05
 """Rates within this share of the best count as equal (as the probe's :data:`daskrl.
 runtime.auto.NOISE`): the distribution that ran before the trial wins among them."""
@@ -44,6 +46,10 @@ class RedecidePlan:
     >>> plan = RedecidePlan(("actors-learner", "single"))
     >>> plan.window, plan.drift, plan.trial_s
     (10, 0.25, 1.0)
+    >>> RedecidePlan(("single", "apex"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: a run cannot switch to or from apex mid-run ...
     """
 
     candidates: tuple[str, ...]
@@ -60,6 +66,13 @@ class RedecidePlan:
     max_trials: int = 4
     """Trials a run makes at most (a workload whose rate never settles does not spend its
     run switching)."""
+
+    def __post_init__(self) -> None:
+        fixed = [c for c in self.candidates if not get_distribution(c).switchable]
+        if fixed:
+            raise ValueError(f"a run cannot switch to or from {', '.join(fixed)} mid-run (its "
+                             "learner's state is not all in the learner output): leave it "
+                             "out of the candidates")
 
     def record(self) -> dict[str, Any]:
         """What ``summary.json`` keeps of it."""
@@ -220,8 +233,10 @@ class Redecider:
 
 def plan_from_probe(record: Mapping[str, Any]) -> RedecidePlan | None:
     """The re-decision plan from a probe's record (``distribution_probe``): the candidates
-    with a measured rate, in the probe's order, starting under its choice (or the latest
-    re-decision's, on a resume); None with fewer than two.
+    with a measured rate that a run can switch to and from
+    (:attr:`~daskrl.distributions.base.Distribution.switchable`), in the probe's order,
+    starting under its choice (or the latest re-decision's, on a resume); None with fewer
+    than two, or when the run starts under one it cannot leave.
 
     Examples
     --------
@@ -232,10 +247,11 @@ def plan_from_probe(record: Mapping[str, Any]) -> RedecidePlan | None:
     >>> plan.candidates, plan.start
     (('actors-learner', 'single'), 'single')
     >>> plan_from_probe({"chosen": "single", "candidates": [
-    ...     {"distribution": "single", "env_steps_per_s": 10.0}]}) is None
+    ...     {"distribution": "single", "env_steps_per_s": 10.0},
+    ...     {"distribution": "apex", "env_steps_per_s": 20.0}]}) is None
     True
     """
     specs = tuple(c["distribution"] for c in record.get("candidates", ())
-                  if c.get("env_steps_per_s"))
+                  if c.get("env_steps_per_s") and get_distribution(c["distribution"]).switchable)
     start = record.get("now") or record["chosen"]
     return RedecidePlan(specs, start) if len(specs) > 1 and start in specs else None
