@@ -375,6 +375,7 @@ def resolve(backend: Backend, algo: Algorithm, settings: RunSettings,
                 shutil.rmtree(p.folder.parent, ignore_errors=True)
     record = {"chosen": winner.spec, "probe_s": round(sum(p.probe_s for p in probes), 3),
               "probe_s_each": probe_s, "noise": NOISE, "iterations_kept": adopted,
+              "workers": len(backend.identities()),
               "candidates": [p.record() for p in probes]}
     meta = {**settings.meta, "distribution_probe": record}
     if adopted:

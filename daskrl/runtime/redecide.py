@@ -15,7 +15,9 @@ graph's env steps and seconds on the learner's clock and re-decides when
 
 Re-deciding is a trial inside the run itself, not a separate probe: the run trains under
 each candidate in turn for :attr:`RedecidePlan.trial_s` seconds (after one graph that
-carries the switch's start-up, which is not timed), then settles on the fastest within
+carries the switch's start-up, which is not timed), except one that cannot catch up (its
+probe rate, scaled by the cluster's growth in workers since the probe, below
+:data:`CATCH_UP` of the best rate the trial measured); then it settles on the fastest within
 :data:`~daskrl.runtime.auto.NOISE` (the distribution it ran before the trial first among
 equals). Every switch happens at an iteration boundary through the run loop's re-plan,
 from an output that carries the learner's full state (weights, optimiser, normalisation,
@@ -35,6 +37,13 @@ from daskrl.distributions import get_distribution
 NOISE = 0.05
 """Rates within this share of the best count as equal (as the probe's :data:`daskrl.
 runtime.auto.NOISE`): the distribution that ran before the trial wins among them."""
+
+
+CATCH_UP = 0.5
+"""A candidate is tried only if its probe rate, times the cluster's growth in workers since
+the probe, reaches this share of the best rate measured in the trial: the probe's ranking
+may change with the cluster and the workload, but not by more than that (a task per env
+step stays slow for a cheap env on any cluster)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +75,10 @@ class RedecidePlan:
     max_trials: int = 4
     """Trials a run makes at most (a workload whose rate never settles does not spend its
     run switching)."""
+    rates: tuple[float, ...] = ()
+    """Each candidate's rate in the probe (env-steps/s), in :attr:`candidates`' order."""
+    workers: int = 0
+    """Workers the cluster had at the probe (0: not known)."""
 
     def __post_init__(self) -> None:
         fixed = [c for c in self.candidates if not get_distribution(c).switchable]
@@ -105,6 +118,23 @@ class Redecider:
     (True, 'actors-learner')
     >>> r.changes[-1]["rates"]
     {'single': 500.0, 'actors-learner': 900.0}
+
+    A worker joins: the current distribution is timed first, on the cluster as it is now;
+    a candidate whose probe rate could not reach half of that even with twice the workers
+    is not tried:
+
+    >>> plan = RedecidePlan(("actors-learner", "single", "central-inference"),
+    ...                     "actors-learner", rates=(900.0, 880.0, 60.0), workers=1)
+    >>> r = Redecider(plan)
+    >>> r.cluster_changed("worker(s) w1 joined", workers=2)
+    >>> r.observe(900, 3.0, left=100)  # the graph after the re-placement: not timed
+    >>> r.observe(1700, 1.0, left=99)
+    ('single', 'worker(s) w1 joined: trying single')
+    >>> r.switched("single")
+    >>> r.observe(900, 3.0, left=90), r.observe(900, 1.0, left=89)  # doctest: +ELLIPSIS
+    (None, ('actors-learner', 'worker(s) w1 joined: actors-learner was the fastest (1,700 ...'))
+    >>> r.changes[-1]["skipped"]["central-inference"]
+    'at most 120 env-steps/s (its probe rate scaled by the workers since)'
     """
 
     def __init__(self, plan: RedecidePlan, current: str | None = None) -> None:
@@ -122,13 +152,16 @@ class Redecider:
         self.trials = 0
         self.pending: str | None = None  # why a trial starts at the next graph
         self.changes: list[dict[str, Any]] = []
+        self.workers = plan.workers  # on the cluster now
+        self.skipped: dict[str, str] = {}  # this trial's candidates that could not catch up
 
-    def cluster_changed(self, why: str) -> None:
-        """Workers joined or left and the run was placed again: try every candidate on
-        the cluster as it is now (the current one first, placed anew). A trial under
-        way starts over: what it measured was on the cluster as it was."""
+    def cluster_changed(self, why: str, workers: int = 0) -> None:
+        """Workers joined or left (``workers`` now; 0: not known): try the candidates on
+        the cluster as it is now (the current one first, placed anew). A trial under way
+        starts over: what it measured was on the cluster as it was."""
         self.skip = 1
         self.pending = why
+        self.workers = workers or self.workers
         if self.trial is not None:
             self.trial = None
             self.trials -= 1  # the trial that starts over is the same one
@@ -162,7 +195,7 @@ class Redecider:
             why, self.pending = self.pending, None
             if not self._begin(why, left):
                 return None
-            self.measured, self.trial = {}, self._others()
+            self.measured, self.trial, self.skipped = {}, self._others(), {}
             self.steps = self.seconds = 0.0
             return self._trial_step(env_steps, seconds)
         self.rates.append(env_steps / seconds)
@@ -181,9 +214,8 @@ class Redecider:
         if not self._begin(why, left):
             return None
         self.measured = {self.current: median}  # the window just seen times the current one
-        others = self._others()
-        self.trial = others[1:]
-        return others[0], f"{why}: trying {others[0]}"
+        self.trial, self.skipped = self._others(), {}
+        return self._next_or_settle()
 
     def _others(self) -> list[str]:
         return [c for c in self.plan.candidates if c != self.current]
@@ -205,11 +237,30 @@ class Redecider:
         if self.seconds < self.plan.trial_s:
             return None
         self.measured[self.current] = self.steps / self.seconds
+        return self._next_or_settle()
+
+    def _next_or_settle(self) -> tuple[str, str] | None:
+        """The next candidate that can catch up, or the trial's end."""
         assert self.trial is not None
-        if self.trial:
+        best = max(self.measured.values())
+        while self.trial:
             nxt = self.trial.pop(0)
+            ceiling = self._ceiling(nxt)
+            if ceiling is not None and ceiling < CATCH_UP * best:
+                self.skipped[nxt] = (f"at most {ceiling:,.0f} env-steps/s (its probe rate "
+                                     "scaled by the workers since)")
+                continue
             return nxt, f"{self.reason}: trying {nxt}"
         return self._settle()
+
+    def _ceiling(self, spec: str) -> float | None:
+        """``spec``'s probe rate times the cluster's growth since the probe (None: no
+        probe rate)."""
+        plan = self.plan
+        if len(plan.rates) != len(plan.candidates) or not plan.workers:
+            return None
+        rate = plan.rates[plan.candidates.index(spec)]
+        return rate * max(1.0, self.workers / plan.workers)
 
     def _settle(self) -> tuple[str, str] | None:
         order = [self.before] + [c for c in self.plan.candidates if c != self.before]
@@ -217,7 +268,8 @@ class Redecider:
         winner = next(c for c in order
                       if self.measured.get(c, 0.0) >= (1 - NOISE) * best)
         self.changes.append({"reason": self.reason, "rates": dict(self.measured),
-                             "from": self.before, "chosen": winner})
+                             "skipped": dict(self.skipped), "from": self.before,
+                             "chosen": winner})
         self.trial, self.reference = None, None
         self.rates.clear()
         if winner == self.current:
@@ -244,14 +296,18 @@ def plan_from_probe(record: Mapping[str, Any]) -> RedecidePlan | None:
     ...     {"distribution": "actors-learner", "env_steps_per_s": 900.0},
     ...     {"distribution": "impala", "env_steps_per_s": None},
     ...     {"distribution": "single", "env_steps_per_s": 1000.0}]})
-    >>> plan.candidates, plan.start
-    (('actors-learner', 'single'), 'single')
+    >>> plan.candidates, plan.start, plan.rates
+    (('actors-learner', 'single'), 'single', (900.0, 1000.0))
     >>> plan_from_probe({"chosen": "single", "candidates": [
     ...     {"distribution": "single", "env_steps_per_s": 10.0},
     ...     {"distribution": "apex", "env_steps_per_s": 20.0}]}) is None
     True
     """
-    specs = tuple(c["distribution"] for c in record.get("candidates", ())
-                  if c.get("env_steps_per_s") and get_distribution(c["distribution"]).switchable)
+    kept = [c for c in record.get("candidates", ())
+            if c.get("env_steps_per_s") and get_distribution(c["distribution"]).switchable]
+    specs = tuple(c["distribution"] for c in kept)
     start = record.get("now") or record["chosen"]
-    return RedecidePlan(specs, start) if len(specs) > 1 and start in specs else None
+    if len(specs) < 2 or start not in specs:
+        return None
+    return RedecidePlan(specs, start, rates=tuple(float(c["env_steps_per_s"]) for c in kept),
+                        workers=int(record.get("workers") or 0))

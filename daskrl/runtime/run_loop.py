@@ -337,7 +337,7 @@ class RunLoop:
         why = f"worker(s) {', '.join(sorted(names.get(a, a) for a in joined))} joined"
         if placement.workers == self.attempt.placement.workers:
             if self.redecider is not None:  # another distribution may use them
-                self.redecider.cluster_changed(why)
+                self.redecider.cluster_changed(why, len(self.backend.identities()))
             return
         self.replan_reason = why
 
@@ -414,7 +414,8 @@ class RunLoop:
         if switch is not None:
             self._switched(switch)
         elif attempted is None and self.redecider is not None:  # workers joined
-            self.redecider.cluster_changed(reason or "the cluster changed")
+            self.redecider.cluster_changed(reason or "the cluster changed",
+                                           len(self.backend.identities()))
 
     def _switched(self, spec: str) -> None:
         """The run goes on under ``spec``: the redecider times it from its second graph, and
@@ -456,7 +457,8 @@ class RunLoop:
             self.recorder.timeline.run = self.attempt.run
         if self.redecider is not None:  # on the workers left, another may be faster
             self.switch_to = None
-            self.redecider.cluster_changed(f"iteration {lost_at + 1} lost ({why[:80]})")
+            self.redecider.cluster_changed(f"iteration {lost_at + 1} lost ({why[:80]})",
+                                           len(self.backend.identities()))
         return Phase.SUBMITTING
 
     def _place_again(self) -> Placement:
