@@ -11,10 +11,17 @@ to the first iteration whose training return reaches ``--target`` (``metrics.csv
 (job start-up included), and worker-seconds (fixed: jobs x the run's wall clock; adaptive:
 what ``summary.json``'s ``adapt`` integrated while the run went on).
 
+With ``--preempt``: ``--adapt MIN:MAX`` runs only, and once the run has placed a replica on
+the job it asked for, that job is cancelled (``scancel``, as a pre-emption would end it):
+reported per run, the iterations recorded (each once?), the seconds between the last
+iteration before the loss and the first after it against the median iteration before, and
+whether the run asked for a job again.
+
 Needs the single-node Slurm of ``.ci/slurm-up.sh`` (run it as root first); on this 2-core
 machine a node holds two one-core jobs, so ``--adapt 1:2`` is what fits.
 
     python benchmarks/adapt_slurm.py --repeats 3
+    python benchmarks/adapt_slurm.py --preempt --repeats 3
     python benchmarks/adapt_slurm.py --quick      # one repeat, a short run
 """
 
@@ -43,15 +50,23 @@ from _common import (
 HERE = Path(__file__).resolve().parent
 
 
-def command(setting: str, low: int, high: int, steps: int, cost: float, out: Path
-            ) -> list[str]:
+def command(setting: str, low: int, high: int, steps: int, cost: float, out: Path,
+            sleep: float = 0.0) -> list[str]:
     """The ``daskrl train`` line of one run."""
     pool = {"fixed-min": ["--cpu-jobs", str(low)], "fixed-max": ["--cpu-jobs", str(high)],
             "adapt": ["--adapt", f"{low}:{high}"]}[setting]
     return [sys.executable, "-m", "daskrl", "train", "graphs/ppo.py", "--cluster", "slurm",
             "--cores", "1", "--memory", "2GB", *pool, "--num-actors", str(high),
-            "--env-step-cost", str(cost), "--steps", str(steps), "--no-eval", "--no-progress",
-            "--out", str(out)]
+            "--env-step-cost", str(cost), "--env-step-sleep", str(sleep), "--steps",
+            str(steps), "--no-eval", "--no-progress", "--out", str(out)]
+
+
+def oversubscribe(jobs_per_core: int) -> None:
+    """Let ``jobs_per_core`` one-core jobs share each core of the ``debug`` partition (1:
+    Slurm's default, one job a core). Root only."""
+    setting = "NO" if jobs_per_core <= 1 else f"FORCE:{jobs_per_core}"
+    subprocess.run(["scontrol", "update", "PartitionName=debug", f"OverSubscribe={setting}"],
+                   check=True)
 
 
 def run_one(setting: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -59,7 +74,8 @@ def run_one(setting: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
     out = args.work / f"{setting}-{rep}"
     if out.exists():
         shutil.rmtree(out)
-    cmd = command(setting, args.min, args.max, args.steps, args.env_step_cost, out)
+    cmd = command(setting, args.min, args.max, args.steps, args.env_step_cost, out,
+                  args.env_step_sleep)
     load = load_average()
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -75,6 +91,79 @@ def run_one(setting: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
             "run_wall_s": summary["wall_s"], "time_to_target_s": reached,
             "worker_s": worker_s, "env_steps_per_s": summary["env_steps_per_s"],
             "adapt": summary.get("adapt"), "replans": summary.get("replans"), "load": load}
+
+
+def _rows(out: Path) -> list[dict[str, str]]:
+    try:
+        with (out / "metrics.csv").open(newline="") as fh:
+            return [r for r in csv.DictReader(fh) if r.get("iteration")]
+    except FileNotFoundError:
+        return []
+
+
+def _jobs() -> list[int]:
+    """This user's Slurm job ids, oldest first."""
+    listed = subprocess.run(["squeue", "--me", "-h", "-o", "%i"], capture_output=True,
+                            text=True).stdout.split()
+    return sorted(int(j) for j in listed if j.isdigit())
+
+
+def preempt_one(rep: int, args: argparse.Namespace) -> dict[str, Any]:
+    """An ``--adapt`` run whose added job is cancelled once the run uses it."""
+    out = args.work / f"preempt-{rep}"
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = command("adapt", args.min, args.max, args.steps, args.env_step_cost, out,
+                  args.env_step_sleep)
+    load = load_average()
+    before = set(_jobs())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    cancelled, at = None, None
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        rows = _rows(out)
+        if any("joined" in (r.get("replan") or "") for r in rows) and len(rows) >= 3:
+            mine = [j for j in _jobs() if j not in before]
+            if len(mine) >= 2:  # the run's first job, and the one it asked for
+                cancelled, at = mine[-1], len(rows)
+                subprocess.run(["scancel", str(cancelled)], check=True)
+                break
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=900)
+    if proc.returncode or cancelled is None:
+        return {"repeat": rep, "error": err[-2000:], "cancelled": cancelled, "load": load}
+    summary = json.loads((out / "summary.json").read_text())
+    rows = _rows(out)
+    times = [float(r["iteration_s"]) for r in rows]
+    steady = times[max(0, at - 6):at - 1]
+    gap = max(times[at:at + 3]) if len(times) > at else None
+    lost = [line for line in err.splitlines() if " lost (" in line]
+    return {"repeat": rep, "command": cmd, "cancelled_job": cancelled,
+            "cancelled_after_iteration": at, "iterations": [int(r["iteration"]) for r in rows],
+            "each_once": [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1)),
+            "iteration_s_before": median(steady), "longest_iteration_s_after": gap,
+            "recoveries": lost, "adapt": summary.get("adapt"),
+            "joined_at": [int(r["iteration"]) for r in rows if "joined" in (r.get("replan") or "")],
+            "placement": summary.get("placement"), "run_wall_s": summary["wall_s"],
+            "load": load}
+
+
+def preempt_table(runs: list[dict[str, Any]]) -> str:
+    """One row per pre-empted run."""
+    body = []
+    for r in runs:
+        if "error" in r:
+            body.append([r["repeat"], "error", "", "", "", "", ""])
+            continue
+        body.append([r["repeat"], r["cancelled_after_iteration"],
+                     "yes" if r["each_once"] else "no", r["iteration_s_before"],
+                     r["longest_iteration_s_after"], len(r["recoveries"]),
+                     ", ".join(map(str, r["joined_at"]))])
+    return markdown_table(["run", "job cancelled after iteration", "each iteration once",
+                           "iteration s before (1 job)", "longest of the 3 after",
+                           "recoveries", "a job joined (used from iteration)"], body,
+                          align="rrrrrrl")
 
 
 def time_to(out: Path, target: float) -> float | None:
@@ -114,10 +203,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60_000)
     parser.add_argument("--env-step-cost", type=float, default=0.001)
+    parser.add_argument("--env-step-sleep", type=float, default=0.0,
+                        help="wall seconds each env step sleeps (a simulator elsewhere)")
+    parser.add_argument("--jobs-per-core", type=int, default=1,
+                        help="one-core jobs sharing a core (scontrol OverSubscribe=FORCE:K, "
+                             "restored after; root): more jobs than cores for sleeping envs")
     parser.add_argument("--target", type=float, default=50.0,
                         help="training return the time is taken to")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--preempt", action="store_true",
+                        help="cancel the job --adapt added once the run uses it")
     parser.add_argument("--tables-only", action="store_true",
                         help="re-read the runs of --json and their folders under --work "
                              "(e.g. for another --target), running nothing")
@@ -141,6 +237,29 @@ def main(argv: list[str] | None = None) -> None:
         args.repeats, args.steps = 1, 8_192
         args.json = args.json.with_name("adapt_slurm_quick.json")
         args.md = args.md.with_name("_adapt_slurm_quick.md")
+    if args.jobs_per_core > 1:
+        oversubscribe(args.jobs_per_core)
+    try:
+        run_all(args)
+    finally:
+        if args.jobs_per_core > 1:
+            oversubscribe(1)
+
+
+def run_all(args: argparse.Namespace) -> None:
+    """The runs ``args`` ask for, and their report."""
+    if args.preempt:
+        runs = [preempt_one(rep, args) for rep in range(args.repeats)]
+        write_json(args.json.with_name("adapt_slurm_preempt.json"),
+                   {"machine": machine_info(), "runs": runs})
+        loads = [r["load"]["load_1m"] for r in runs]
+        text = (preempt_table(runs) + f"\n\n{runs[0]['load']['time']} to "
+                f"{runs[-1]['load']['time']}, 1-minute load {min(loads):.1f}-{max(loads):.1f} "
+                "before the runs.")
+        if not args.quick:
+            update_section(args.md, "adapt-slurm-preempt", text)
+        print(text)
+        return
     runs = []
     settings = ["fixed-min", "fixed-max", "adapt"]
     for rep in range(args.repeats):
