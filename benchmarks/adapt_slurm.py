@@ -28,7 +28,6 @@ machine a node holds two one-core jobs, so ``--adapt 1:2`` is what fits.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import subprocess
@@ -93,14 +92,6 @@ def run_one(setting: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
             "adapt": summary.get("adapt"), "replans": summary.get("replans"), "load": load}
 
 
-def _rows(out: Path) -> list[dict[str, str]]:
-    try:
-        with (out / "metrics.csv").open(newline="") as fh:
-            return [r for r in csv.DictReader(fh) if r.get("iteration")]
-    except FileNotFoundError:
-        return []
-
-
 def _jobs() -> list[int]:
     """This user's Slurm job ids, oldest first."""
     listed = subprocess.run(["squeue", "--me", "-h", "-o", "%i"], capture_output=True,
@@ -110,6 +101,8 @@ def _jobs() -> list[int]:
 
 def preempt_one(rep: int, args: argparse.Namespace) -> dict[str, Any]:
     """An ``--adapt`` run whose added job is cancelled once the run uses it."""
+    from daskrl.observe.metrics import iteration_rows
+
     out = args.work / f"preempt-{rep}"
     if out.exists():
         shutil.rmtree(out)
@@ -122,7 +115,7 @@ def preempt_one(rep: int, args: argparse.Namespace) -> dict[str, Any]:
     cancelled, at = None, None
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
-        rows = _rows(out)
+        rows = iteration_rows(out)
         if any("joined" in (r.get("replan") or "") for r in rows) and len(rows) >= 3:
             mine = [j for j in _jobs() if j not in before]
             if len(mine) >= 2:  # the run's first job, and the one it asked for
@@ -134,7 +127,7 @@ def preempt_one(rep: int, args: argparse.Namespace) -> dict[str, Any]:
     if proc.returncode or cancelled is None:
         return {"repeat": rep, "error": err[-2000:], "cancelled": cancelled, "load": load}
     summary = json.loads((out / "summary.json").read_text())
-    rows = _rows(out)
+    rows = iteration_rows(out)
     times = [float(r["iteration_s"]) for r in rows]
     steady = times[max(0, at - 6):at - 1]
     gap = max(times[at:at + 3]) if len(times) > at else None
@@ -169,9 +162,9 @@ def preempt_table(runs: list[dict[str, Any]]) -> str:
 def time_to(out: Path, target: float) -> float | None:
     """The run's own wall clock at its first iteration whose training return reaches
     ``target`` (None: it never did)."""
-    with (out / "metrics.csv").open(newline="") as fh:
-        rows = [r for r in csv.DictReader(fh) if r.get("iteration")]
-    return next((float(r["wall_s"]) for r in rows
+    from daskrl.observe.metrics import iteration_rows
+
+    return next((float(r["wall_s"]) for r in iteration_rows(out)
                  if r.get("episode_return_mean")
                  and float(r["episode_return_mean"]) >= target), None)
 

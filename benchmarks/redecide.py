@@ -21,7 +21,6 @@ after the join (every system's switch behind it).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import tempfile
 import time
@@ -45,14 +44,6 @@ SYSTEMS = ("single+redecide", "single", "actors-learner", "auto")
 CONFIG = {"num_actors": 2, "num_envs": 4, "num_steps": 32}
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with path.open(newline="") as fh:
-            return [r for r in csv.DictReader(fh) if r.get("iteration")]
-    except FileNotFoundError:
-        return []
-
-
 def one_run(system: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Train under ``system`` on a fresh one-worker cluster, a second joining mid-run."""
     import threading
@@ -63,6 +54,7 @@ def one_run(system: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from daskrl.cluster.local import add_workers, close_cluster, local_cluster
     from daskrl.core.script import load_graph
     from daskrl.distributions import get_distribution
+    from daskrl.observe.metrics import iteration_rows
     from daskrl.runtime.driver import train
     from daskrl.runtime.redecide import RedecidePlan
     from daskrl.runtime.settings import RunSettings
@@ -97,13 +89,13 @@ def one_run(system: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         started = time.perf_counter()
         worker.start()
         deadline = time.monotonic() + 600
-        while len(_rows(out / "metrics.csv")) < args.join_after:
+        while len(iteration_rows(out)) < args.join_after:
             if not worker.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"{system}: the run ended before the join: "
                                    f"{done.get('error')}")
             time.sleep(0.05)
         add_workers(cluster, [{"CPU": 1}])
-        joined = len(_rows(out / "metrics.csv"))
+        joined = len(iteration_rows(out))
         worker.join(timeout=1200)
         wall = time.perf_counter() - started
     finally:
@@ -112,7 +104,7 @@ def one_run(system: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if "error" in done:
         raise done["error"]
     summary = done["summary"]
-    rows = _rows(out / "metrics.csv")
+    rows = iteration_rows(out)
     after = rows[joined + args.settle:]
     seconds = sum(float(r["iteration_s"]) for r in after)
     rate = sum(float(r["iteration_env_steps"]) for r in after) / seconds if seconds else None

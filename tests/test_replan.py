@@ -8,7 +8,6 @@ every distribution survives a killed worker with each iteration recorded once).
 
 from __future__ import annotations
 
-import csv
 import time
 from pathlib import Path
 
@@ -17,20 +16,13 @@ from distributed import Client
 
 import daskrl
 from daskrl.cluster.local import add_workers, close_cluster, local_cluster
+from daskrl.observe.metrics import iteration_rows
 
 REPO = Path(__file__).resolve().parent.parent
 GRAPH = REPO / "graphs" / "ppo.py"
 STEPS = 2 * 2 * 32  # an iteration: 2 actors x 2 envs x 32 steps
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _rows(path: Path) -> list[dict[str, str]]:
-    try:
-        with path.open(newline="") as fh:
-            return [r for r in csv.DictReader(fh) if r.get("iteration")]
-    except FileNotFoundError:
-        return []
 
 
 @pytest.mark.parametrize("distribution", ["actors-learner", "impala"])
@@ -51,11 +43,11 @@ def test_a_worker_that_joins_gets_a_rollout_replica_within_two_iterations(
                            num_actors=2, num_envs=2, num_steps=32, env_step_cost=0.004,
                            **vtrace)
         deadline = time.monotonic() + 120
-        while len(_rows(out / "metrics.csv")) < 3 and time.monotonic() < deadline:
+        while len(iteration_rows(out)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert run.status == "running", run.error
         add_workers(cluster, [{"CPU": 1}])
-        joined_at = len(_rows(out / "metrics.csv"))  # iterations recorded once w1 is up
+        joined_at = len(iteration_rows(out))  # iterations recorded once w1 is up
         run.result(timeout=240)
     finally:
         client.close()
@@ -67,7 +59,7 @@ def test_a_worker_that_joins_gets_a_rollout_replica_within_two_iterations(
     # the iteration recorded while w1 started, the one whose record shows the join, then w1
     assert replan["iteration"] <= joined_at + within, (replan, joined_at)
     assert summary["placement"]["rollout"] == ["w0", "w1"]
-    rows = _rows(out / "metrics.csv")
+    rows = iteration_rows(out)
     assert [int(r["iteration"]) for r in rows] == list(range(1, 25))  # each once, in order
     steps = [int(r["env_steps"]) for r in rows]  # none lost, none counted twice
     gaps = [b - a for a, b in zip([0, *steps], steps, strict=False)]
@@ -111,7 +103,7 @@ def test_adapt_adds_a_worker_while_the_learner_waits_and_the_replica_moves_there
     assert "rollout 1: w0 -> w1" in replan["moves"]
     assert summary["placement"]["rollout"] == ["w0", "w1"]
     assert summary["adapt"]["worker_s"] > 0
-    rows = _rows(out / "metrics.csv")
+    rows = iteration_rows(out)
     assert [int(r["iteration"]) for r in rows] == list(range(1, 31))
     assert "--adapt: 1 change(s)" in done.stderr
 

@@ -256,6 +256,29 @@ def _fmt(value: Any) -> Any:
     return value
 
 
+def iteration_rows(run_dir: Path) -> list[dict[str, str]]:
+    """The iteration rows of ``run_dir/metrics.csv`` as written so far (as strings; a line
+    being written and evaluation-only rows left out); empty before the file exists. What a
+    watcher of a running run reads.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> iteration_rows(run)
+    []
+    >>> _ = (run / "metrics.csv").write_text("iteration,eval_return_mean\\n1,\\n,9.5\\n2,")
+    >>> [r["iteration"] for r in iteration_rows(run)]
+    ['1']
+    """
+    path = Path(run_dir) / "metrics.csv"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return [r for r in _parse(text)[1] if (r.get("iteration") or "").strip()]
+
+
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """``run_dir/summary.json`` (what :func:`write_summary` wrote); empty while the run has
     not written it yet.
