@@ -222,7 +222,9 @@ def train(graph_or_algorithm: str | os.PathLike | types.ModuleType | Algorithm,
     distribution : str or Distribution, optional
         How fragments are placed (``"actors-learner"``, ``"single"``...); None: the
         graph's own; ``"auto"``: the fastest of those the graph can use, probed on the
-        cluster (:mod:`daskrl.runtime.auto`; ``summary["distribution_probe"]``).
+        cluster (:mod:`daskrl.runtime.auto`; ``summary["distribution_probe"]``), re-decided
+        when workers join or leave or the rate drifts (:mod:`daskrl.runtime.redecide`;
+        ``summary["distribution_redecided"]``); ``"auto:once"`` keeps the probe's choice.
     steps : int
         Env steps to train for.
     out : path, optional

@@ -23,7 +23,7 @@ from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.observe.metrics import iteration_rows
 from daskrl.runtime.driver import train
-from daskrl.runtime.redecide import RedecidePlan
+from daskrl.runtime.redecide import RedecidePlan, Redecider, plan_from_probe
 from daskrl.runtime.settings import RunSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,3 +112,74 @@ def test_a_switch_carries_an_off_policy_learner_over_with_its_replay(
     assert replay == [sum(grown[: i + 1]) for i in range(len(rows))], (switches, replay)
     lr = [float(r["charts/learning_rate"]) for r in rows]
     assert all(b < a for a, b in zip(lr, lr[1:], strict=False)), (switches, lr)
+
+
+CANDIDATES = ("single", "actors-learner", "data-parallel")
+
+
+def _drifted(plan: RedecidePlan) -> Redecider:
+    """A redecider under ``single`` whose rate fell by half: its trial is under way, under
+    ``actors-learner``, the first candidate to try."""
+    r = Redecider(plan)
+    for rate in (1000.0,) * plan.window + (500.0,) * plan.window:
+        decision = r.observe(rate, 1.0, left=100)
+    assert decision is not None and decision[0] == "actors-learner", decision
+    r.switched("actors-learner")
+    return r
+
+
+def test_a_cluster_change_mid_trial_starts_over_as_a_trial_of_its_own() -> None:
+    r = _drifted(RedecidePlan(CANDIDATES, "single", window=2, max_trials=2))
+    r.cluster_changed("worker(s) w2 joined", workers=3)
+    assert r.to_try is None and r.workers == 3
+    assert r.observe(800, 2.0, left=90) is None  # the graph after the re-placement
+    decision = r.observe(800, 1.0, left=89)  # times actors-learner, then tries the next
+    assert decision == ("single", "worker(s) w2 joined: trying single"), decision
+    assert r.trials == 2 and r.measured == {"actors-learner": 800.0}
+
+
+def test_a_trial_that_cannot_start_over_returns_to_the_last_choice() -> None:
+    """Trials spent (or too few iterations left): the run does not stay under the candidate
+    it was trying when the cluster changed."""
+    r = _drifted(RedecidePlan(CANDIDATES, "single", window=2, max_trials=1))
+    r.cluster_changed("worker(s) w1 left")
+    r.observe(800, 2.0, left=90)
+    decision = r.observe(800, 1.0, left=89)
+    assert decision == ("single", "back to single, the last trial's choice"), decision
+    assert r.changes[-1]["chosen"] == "single"
+    r2 = _drifted(RedecidePlan(CANDIDATES, "single", window=2))
+    r2.cluster_changed("worker(s) w1 left")
+    r2.observe(800, 2.0, left=3)
+    assert r2.observe(800, 1.0, left=1)[0] == "single"  # fewer than a window to go
+
+
+def test_a_candidate_that_cannot_be_placed_is_left_out_of_the_trial() -> None:
+    r = Redecider(RedecidePlan(CANDIDATES, "single", window=2))
+    for rate in (1000.0, 1000.0, 500.0, 500.0):
+        decision = r.observe(rate, 1.0, left=100)
+    assert decision is not None and decision[0] == "actors-learner"
+    r.refused("actors-learner", "no worker offers the rollout's resources")
+    assert r.observe(500, 1.0, left=97) is None  # the graphs let go restart it: not timed
+    decision = r.observe(500, 1.0, left=96)  # single timed again; data-parallel next
+    assert decision is not None and decision[0] == "data-parallel", decision
+    r.switched("data-parallel")
+    r.observe(300, 2.0, left=90)
+    decision = r.observe(300, 1.0, left=89)
+    assert decision is not None and decision[0] == "single", decision  # back: it was faster
+    trial = r.changes[-1]
+    assert set(trial["rates"]) == {"single", "data-parallel"} and trial["chosen"] == "single"
+    assert "could not be placed" in r.changes[0]["reason"]
+
+
+def test_a_resume_goes_on_under_the_last_choice_and_may_re_decide() -> None:
+    record = {"chosen": "single", "now": "actors-learner", "workers": 1, "candidates": [
+        {"distribution": "single", "env_steps_per_s": 1000.0},
+        {"distribution": "actors-learner", "env_steps_per_s": 900.0},
+        {"distribution": "apex", "env_steps_per_s": 1200.0}]}
+    plan = plan_from_probe(record)
+    assert plan is not None
+    assert (plan.start, plan.candidates, plan.workers) == (
+        "actors-learner", ("single", "actors-learner"), 1)
+    assert Redecider(plan).current == Redecider(plan).settled == "actors-learner"
+    with pytest.raises(ValueError, match="cannot switch to or from apex"):
+        RedecidePlan(("single", "apex"))

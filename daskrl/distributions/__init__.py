@@ -103,4 +103,4 @@ def get_distribution(spec: str, **options: Any) -> Distribution:
 
 
 __all__ = ["AUTO", "KINDS", "NAMES", "Distribution", "IterationInputs", "Unsupported",
-           "get_distribution", "is_auto"]
+           "auto_redecides", "get_distribution", "is_auto"]

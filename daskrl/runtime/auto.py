@@ -9,8 +9,9 @@ Distribution.check` accepts the algorithm, the graph's own first) runs a few ite
 the real run on the real cluster through :func:`daskrl.runtime.driver.train`, in a folder
 of its own that is deleted after; its steady rate is taken from ``metrics.csv``
 (:func:`steady_rate`: the iterations after the first, timed on the learner's clock, so
-start-up is left out). The fastest within :data:`NOISE` of the best wins, the graph's own
-distribution first among equals (it is the one its defaults were tuned under).
+start-up is left out). The fastest within :data:`~daskrl.runtime.redecide.NOISE` of the
+best wins, the graph's own distribution first among equals (it is the one its defaults
+were tuned under).
 
 The winner's probe was the run itself cut short (the same seed, the same length for the
 learning-rate schedule), so the run goes on from it (:func:`adopt`): its iterations count,
@@ -50,12 +51,8 @@ from daskrl.distributions import (
 from daskrl.distributions.base import parse_spec
 from daskrl.runtime.checkpoint import load_latest
 from daskrl.runtime.engine import Backend
-from daskrl.runtime.redecide import plan_from_probe
+from daskrl.runtime.redecide import NOISE, plan_from_probe
 from daskrl.runtime.settings import RunSettings
-
-NOISE = 0.05
-"""Rates within this share of the best count as equal: the graph's own distribution (or
-the earlier candidate) wins among them, so run-to-run noise does not flip the choice."""
 
 PROBE_S = 1.0
 """Seconds each candidate trains after its first iteration (which carries the start-up and
@@ -305,8 +302,8 @@ def probe_all(backend: Backend, algo: Algorithm, settings: RunSettings,
     """Probe each of ``specs`` (default: :func:`candidates`), the first first and then the
     others by their task floor (:meth:`~daskrl.distributions.base.Distribution.
     task_floor_s`), cheapest first. A candidate whose floor alone is slower than the best
-    rate measured so far (by more than :data:`NOISE`) is skipped, with the numbers; those
-    the algorithm refuses are listed as skipped, with why."""
+    rate measured so far (by more than :data:`~daskrl.runtime.redecide.NOISE`) is skipped,
+    with the numbers; those the algorithm refuses are listed as skipped, with why."""
     usable, refused = candidates(algo) if specs is None else (list(specs), {})
     hop = task_hop_s(backend)
     floors = {spec: get_distribution(spec).task_floor_s(algo, hop) for spec in usable}
@@ -361,7 +358,8 @@ def resolve(backend: Backend, algo: Algorithm, settings: RunSettings,
             print(f"daskrl: --distribution auto: resuming under {now}, the distribution "
                   f"{said}", file=sys.stderr)
             return get_distribution(now), dataclasses.replace(
-                settings, redecide=plan_from_probe(before) if redecide else None)
+                settings, meta={**settings.meta, "distribution_probe": before},
+                redecide=plan_from_probe(before) if redecide else None)
     probes = probe_all(backend, algo, settings, specs, probe_s, keep=True)
     try:
         winner = choose(probes)

@@ -289,7 +289,7 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
     loop.checkpoint()
     summary = _summary(loop.settings, algo, loop.distribution, loop)
     summary["advice"] = advisor.given if advisor is not None else []
-    summary["determinism"] = determinism_record(settings.deterministic, distribution,
+    summary["determinism"] = determinism_record(settings.deterministic, loop.distribution,
                                                 backend.worker_environ(NUMERICS))
     if loop.total > 0:  # the distribution's own figures, from the metrics just written
         summary.update(loop.distribution.headline_figures(read_metrics(out)))

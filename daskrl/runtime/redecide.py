@@ -27,6 +27,7 @@ replay), so no update is lost or repeated and a trial costs only the switches' s
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import deque
 from collections.abc import Mapping
@@ -35,8 +36,10 @@ from typing import Any
 from daskrl.distributions import get_distribution
 
 NOISE = 0.05
-"""Rates within this share of the best count as equal (as the probe's :data:`daskrl.
-runtime.auto.NOISE`): the distribution that ran before the trial wins among them."""
+"""Rates within this share of the best count as equal, in the probe before training
+(:mod:`daskrl.runtime.auto`: the graph's own distribution, or the earlier candidate, wins
+among them) and in a trial (the distribution that ran before it wins among them), so
+run-to-run noise does not flip the choice."""
 
 
 CATCH_UP = 0.5
@@ -114,7 +117,7 @@ class Redecider:
     >>> r.switched("actors-learner")
     >>> r.observe(900, 3.0, left=90)  # its first graph carries the start-up: not timed
     >>> r.observe(900, 1.0, left=89)  # 900/s against single's 500/s: it stays
-    >>> r.trial is None, r.current
+    >>> r.to_try is None, r.current
     (True, 'actors-learner')
     >>> r.changes[-1]["rates"]
     {'single': 500.0, 'actors-learner': 900.0}
@@ -143,14 +146,15 @@ class Redecider:
         self.rates: deque[float] = deque(maxlen=plan.window)
         self.reference: float | None = None  # the first window's median after a decision
         self.skip = 0  # graphs not timed: the first after a switch or a re-placement
-        self.trial: list[str] | None = None  # candidates still to try
+        self.to_try: list[str] | None = None  # a trial's candidates still to try (None: none)
         self.measured: dict[str, float] = {}  # this trial's rates
         self.before = current  # what ran before the trial: first among equals
         self.steps = 0.0  # this candidate's timed env steps and seconds in the trial
         self.seconds = 0.0
         self.reason = ""
         self.trials = 0
-        self.pending: str | None = None  # why a trial starts at the next graph
+        self.pending_why: str | None = None  # why a trial starts at the next graph
+        self.settled = self.current  # the last trial's choice (where a resume goes on)
         self.changes: list[dict[str, Any]] = []
         self.workers = plan.workers  # on the cluster now
         self.skipped: dict[str, str] = {}  # this trial's candidates that could not catch up
@@ -158,13 +162,12 @@ class Redecider:
     def cluster_changed(self, why: str, workers: int = 0) -> None:
         """Workers joined or left (``workers`` now; 0: not known): try the candidates on
         the cluster as it is now (the current one first, placed anew). A trial under way
-        starts over: what it measured was on the cluster as it was."""
+        starts over (what it measured was on the cluster as it was), as a trial of its own
+        (:attr:`RedecidePlan.max_trials` counts it)."""
         self.skip = 1
-        self.pending = why
+        self.pending_why = why
         self.workers = workers or self.workers
-        if self.trial is not None:
-            self.trial = None
-            self.trials -= 1  # the trial that starts over is the same one
+        self.to_try = None
 
     def refused(self, spec: str, why: str) -> None:
         """Switching to ``spec`` failed (it could not be placed): the trial goes on without
@@ -175,10 +178,12 @@ class Redecider:
         self.changes.append({"reason": f"{spec} could not be placed: {why}", "rates": {},
                              "from": self.current, "chosen": self.current})
 
-    def switched(self, spec: str) -> None:
-        """The run now trains under ``spec``; its first graph is not timed."""
+    def switched(self, spec: str, workers: int = 0) -> None:
+        """The run now trains under ``spec`` (``workers`` on the cluster; 0: not known);
+        its first graph is not timed."""
         self.current, self.skip = spec, 1
         self.steps = self.seconds = 0.0
+        self.workers = workers or self.workers
 
     def observe(self, env_steps: float, seconds: float, left: int
                 ) -> tuple[str, str] | None:
@@ -187,15 +192,15 @@ class Redecider:
         if self.skip:
             self.skip -= 1
             return None
-        if seconds <= 0:
+        if not (seconds > 0 and math.isfinite(seconds)):
             return None
-        if self.trial is not None:
+        if self.to_try is not None:
             return self._trial_step(env_steps, seconds)
-        if self.pending is not None:  # placed anew: time the current one first, as it is now
-            why, self.pending = self.pending, None
+        if self.pending_why is not None:  # placed anew: time the current one first, as it is
+            why, self.pending_why = self.pending_why, None
             if not self._begin(why, left):
-                return None
-            self.measured, self.trial, self.skipped = {}, self._others(), {}
+                return self._give_up()
+            self.measured, self.to_try, self.skipped = {}, self._others(), {}
             self.steps = self.seconds = 0.0
             return self._trial_step(env_steps, seconds)
         self.rates.append(env_steps / seconds)
@@ -206,7 +211,7 @@ class Redecider:
             self.reference = median
             self.rates.clear()
             return None
-        low, high = (1 - self.plan.drift) * self.reference, self.reference / (1 - self.plan.drift)
+        low, high = (1 - self.plan.drift) * self.reference, (1 + self.plan.drift) * self.reference
         if low <= median <= high:
             return None
         why = (f"the rate moved from {self.reference:,.0f} to {median:,.0f} env-steps/s "
@@ -214,7 +219,7 @@ class Redecider:
         if not self._begin(why, left):
             return None
         self.measured = {self.current: median}  # the window just seen times the current one
-        self.trial, self.skipped = self._others(), {}
+        self.to_try, self.skipped = self._others(), {}
         return self._next_or_settle()
 
     def _others(self) -> list[str]:
@@ -231,6 +236,16 @@ class Redecider:
         self.before, self.reason = self.current, why
         return True
 
+    def _give_up(self) -> tuple[str, str] | None:
+        """A trial that cannot start (or start over): back to the last trial's choice if
+        the run is under another candidate."""
+        if self.current == self.settled:
+            return None
+        self.changes.append({"reason": "trial given up (too few iterations left or trials "
+                             "spent)", "rates": {}, "skipped": {}, "from": self.current,
+                             "chosen": self.settled})
+        return self.settled, f"back to {self.settled}, the last trial's choice"
+
     def _trial_step(self, env_steps: float, seconds: float) -> tuple[str, str] | None:
         self.steps += env_steps
         self.seconds += seconds
@@ -241,10 +256,10 @@ class Redecider:
 
     def _next_or_settle(self) -> tuple[str, str] | None:
         """The next candidate that can catch up, or the trial's end."""
-        assert self.trial is not None
+        assert self.to_try is not None
         best = max(self.measured.values())
-        while self.trial:
-            nxt = self.trial.pop(0)
+        while self.to_try:
+            nxt = self.to_try.pop(0)
             ceiling = self._ceiling(nxt)
             if ceiling is not None and ceiling < CATCH_UP * best:
                 self.skipped[nxt] = (f"at most {ceiling:,.0f} env-steps/s (its probe rate "
@@ -270,7 +285,7 @@ class Redecider:
         self.changes.append({"reason": self.reason, "rates": dict(self.measured),
                              "skipped": dict(self.skipped), "from": self.before,
                              "chosen": winner})
-        self.trial, self.reference = None, None
+        self.to_try, self.reference, self.settled = None, None, winner
         self.rates.clear()
         if winner == self.current:
             return None

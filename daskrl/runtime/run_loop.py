@@ -316,7 +316,9 @@ class RunLoop:
 
     def _notice_joins(self) -> None:
         """When workers joined and placing the fragments again would use them, ask for a
-        re-plan at the next iteration boundary (:meth:`_replan`). Not under
+        re-plan at the next iteration boundary (:meth:`_replan`); when it would not and the
+        run re-decides (``--distribution auto``), tell the redecider, whose trial may switch
+        to a distribution that uses them. Not under
         ``--deterministic``: a re-plan restarts the envs, which the same run without the
         join would not."""
         if self.settings.deterministic:
@@ -351,9 +353,20 @@ class RunLoop:
         decision = self.redecider.observe(
             sum(float(r.get("iteration_env_steps") or 0.0) for r in rows),
             sum(float(r.get("iteration_s") or 0.0) for r in rows),
-            self.total - (done.first + done.count))
+            self._pause() - (done.first + done.count))
+        self._keep_settled()
         if decision is not None:
             self.switch_to, self.replan_reason = decision
+
+    def _keep_settled(self) -> None:
+        """Checkpoints record the distribution the last trial chose (not a candidate being
+        tried), so a resume goes on under it."""
+        assert self.redecider is not None
+        probe = self.settings.meta.get("distribution_probe", {})
+        if probe.get("now", probe.get("chosen")) != self.redecider.settled:
+            meta = {**self.settings.meta,
+                    "distribution_probe": {**probe, "now": self.redecider.settled}}
+            self.settings = dataclasses.replace(self.settings, meta=meta)
 
     def _drains_to_replan(self) -> bool:
         """Whether a re-plan waits for the graphs in flight and one more whose output
@@ -418,13 +431,10 @@ class RunLoop:
                                            len(self.backend.identities()))
 
     def _switched(self, spec: str) -> None:
-        """The run goes on under ``spec``: the redecider times it from its second graph, and
-        checkpoints record it, so a resume goes on under it."""
+        """The run goes on under ``spec``: the redecider times it from its second graph."""
         assert self.redecider is not None
-        self.redecider.switched(spec)
-        meta = dict(self.settings.meta)
-        meta["distribution_probe"] = {**meta.get("distribution_probe", {}), "now": spec}
-        self.settings = dataclasses.replace(self.settings, meta=meta)
+        self.redecider.switched(spec, len(self.backend.identities()))
+        self._keep_settled()
 
     # ------------------------------------------------------------------ RECOVERING
 
@@ -455,8 +465,10 @@ class RunLoop:
         self.size = TaskSize(self.attempt.cap, self.settings.task_s)
         if self.recorder.timeline is not None:
             self.recorder.timeline.run = self.attempt.run
+        # the recovery places the fragments on the workers there are now: a re-plan asked
+        # for (a join, a switch) has nothing left to do
+        self.replan_reason, self.closing, self.switch_to = None, False, None
         if self.redecider is not None:  # on the workers left, another may be faster
-            self.switch_to = None
             self.redecider.cluster_changed(f"iteration {lost_at + 1} lost ({why[:80]})",
                                            len(self.backend.identities()))
         return Phase.SUBMITTING
