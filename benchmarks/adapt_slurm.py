@@ -49,23 +49,15 @@ from _common import (
 HERE = Path(__file__).resolve().parent
 
 
-def command(setting: str, low: int, high: int, steps: int, cost: float, out: Path,
-            sleep: float = 0.0) -> list[str]:
+def command(setting: str, low: int, high: int, steps: int, cost: float, out: Path
+            ) -> list[str]:
     """The ``daskrl train`` line of one run."""
     pool = {"fixed-min": ["--cpu-jobs", str(low)], "fixed-max": ["--cpu-jobs", str(high)],
             "adapt": ["--adapt", f"{low}:{high}"]}[setting]
     return [sys.executable, "-m", "daskrl", "train", "graphs/ppo.py", "--cluster", "slurm",
             "--cores", "1", "--memory", "2GB", *pool, "--num-actors", str(high),
-            "--env-step-cost", str(cost), "--env-step-sleep", str(sleep), "--steps",
-            str(steps), "--no-eval", "--no-progress", "--out", str(out)]
-
-
-def oversubscribe(jobs_per_core: int) -> None:
-    """Let ``jobs_per_core`` one-core jobs share each core of the ``debug`` partition (1:
-    Slurm's default, one job a core). Root only."""
-    setting = "NO" if jobs_per_core <= 1 else f"FORCE:{jobs_per_core}"
-    subprocess.run(["scontrol", "update", "PartitionName=debug", f"OverSubscribe={setting}"],
-                   check=True)
+            "--env-step-cost", str(cost), "--steps", str(steps), "--no-eval", "--no-progress",
+            "--out", str(out)]
 
 
 def run_one(setting: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -73,8 +65,7 @@ def run_one(setting: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
     out = args.work / f"{setting}-{rep}"
     if out.exists():
         shutil.rmtree(out)
-    cmd = command(setting, args.min, args.max, args.steps, args.env_step_cost, out,
-                  args.env_step_sleep)
+    cmd = command(setting, args.min, args.max, args.steps, args.env_step_cost, out)
     load = load_average()
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -106,8 +97,7 @@ def preempt_one(rep: int, args: argparse.Namespace) -> dict[str, Any]:
     out = args.work / f"preempt-{rep}"
     if out.exists():
         shutil.rmtree(out)
-    cmd = command("adapt", args.min, args.max, args.steps, args.env_step_cost, out,
-                  args.env_step_sleep)
+    cmd = command("adapt", args.min, args.max, args.steps, args.env_step_cost, out)
     load = load_average()
     before = set(_jobs())
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -196,11 +186,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60_000)
     parser.add_argument("--env-step-cost", type=float, default=0.001)
-    parser.add_argument("--env-step-sleep", type=float, default=0.0,
-                        help="wall seconds each env step sleeps (a simulator elsewhere)")
-    parser.add_argument("--jobs-per-core", type=int, default=1,
-                        help="one-core jobs sharing a core (scontrol OverSubscribe=FORCE:K, "
-                             "restored after; root): more jobs than cores for sleeping envs")
     parser.add_argument("--target", type=float, default=50.0,
                         help="training return the time is taken to")
     parser.add_argument("--repeats", type=int, default=3)
@@ -230,17 +215,6 @@ def main(argv: list[str] | None = None) -> None:
         args.repeats, args.steps = 1, 8_192
         args.json = args.json.with_name("adapt_slurm_quick.json")
         args.md = args.md.with_name("_adapt_slurm_quick.md")
-    if args.jobs_per_core > 1:
-        oversubscribe(args.jobs_per_core)
-    try:
-        run_all(args)
-    finally:
-        if args.jobs_per_core > 1:
-            oversubscribe(1)
-
-
-def run_all(args: argparse.Namespace) -> None:
-    """The runs ``args`` ask for, and their report."""
     if args.preempt:
         runs = [preempt_one(rep, args) for rep in range(args.repeats)]
         write_json(args.json.with_name("adapt_slurm_preempt.json"),
