@@ -108,6 +108,35 @@ def test_adapt_adds_a_worker_while_the_learner_waits_and_the_replica_moves_there
     assert "--adapt: 1 change(s)" in done.stderr
 
 
+def test_adapt_grows_an_apex_run_and_its_replay_goes_on(tmp_path: Path) -> None:
+    """``--adapt 1:2`` under ``apex`` (DQN): free-running actors that share one worker's CPU
+    wait on 4 ms env steps; the run asks for a second worker, puts an actor (and the learner)
+    there, and the replay shards go on with what they held."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "daskrl", "train", str(REPO / "graphs" / "dqn.py"),
+         "--distribution", "apex", "--adapt", "1:2", "--steps", str(24 * 512),
+         "--num-actors", "2", "--env-step-cost", "0.004", "--resources", "rollout=CPU:0.5",
+         "--no-eval", "--no-progress", "--out", str(out)],
+        capture_output=True, text=True, timeout=280, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    (change,) = summary["adapt"]["changes"]
+    assert (change["from"], change["to"]) == (1, 2), change
+    (replan,) = summary["replans"]
+    assert replan["reason"] == "worker(s) w1 joined" and "rollout 1: w0 -> w1" in replan["moves"]
+    assert sorted(summary["placement"]["rollout"]) == ["w0", "w1"]
+    rows = iteration_rows(out)
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 25))
+    sizes = [int(float(r["replay_size"])) for r in rows]
+    at = replan["iteration"]  # the shards hold after the re-plan what they held before it
+    assert sizes[at] > sizes[at - 1], (at, sizes)
+
+
 def test_adapt_is_refused_in_one_line_where_it_cannot_apply(tmp_path: Path) -> None:
     import subprocess
     import sys
