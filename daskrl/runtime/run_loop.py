@@ -335,11 +335,14 @@ class RunLoop:
             placement = place(self.backend, self.algo, self.distribution, self.token)
         except ValueError:  # the new workers cannot host anything of this run
             return
+        same = placement.workers == self.attempt.placement.workers
+        if same and self.redecider is None:
+            return
         names = {addr: name for name, addr in self.backend.identities().items()}
         why = f"worker(s) {', '.join(sorted(names.get(a, a) for a in joined))} joined"
-        if placement.workers == self.attempt.placement.workers:
-            if self.redecider is not None:  # another distribution may use them
-                self.redecider.cluster_changed(why, len(self.backend.identities()))
+        if same:  # another distribution may use them: the redecider's trial
+            assert self.redecider is not None
+            self.redecider.cluster_changed(why, len(names))
             return
         self.replan_reason = why
 
