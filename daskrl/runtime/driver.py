@@ -326,8 +326,9 @@ def _summary(settings: RunSettings, algo: Algorithm, distribution: Distribution,
         "seed": settings.seed,
         "deterministic": settings.deterministic,
         "weights_sha256": weights_sha256(last_done.weights),
-        "replans": loop.replans,
-        **({"distribution_redecided": loop.redecider.record()} if loop.redecider else {}),
+        "replans": loop.replans.records,
+        **({"distribution_redecided": loop.replans.redecider.record()}
+           if loop.replans.redecider else {}),
     }
 
 

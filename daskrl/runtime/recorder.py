@@ -63,7 +63,6 @@ class Recorder:
         self.last_end: float | None = None
         self.iteration_sum = self.overhead_sum = 0.0
         self.t0 = time.perf_counter()
-        self.last_row: dict[str, Any] = {}  # the last iteration recorded
         self.last_rows: list[dict[str, Any]] = []  # the last task's iterations
 
     def record(self, it: int, output: LearnerOutput) -> float:
@@ -88,7 +87,7 @@ class Recorder:
         if self.attached:
             rows[-1].update(self.attached)
             self.attached = {}
-        self.last_row, self.last_rows = rows[-1], rows
+        self.last_rows = rows
         for j, row in enumerate(rows):
             if it + j > self.start:  # the first iteration also pays for worker start-up
                 wall, overhead = overhead_seconds(row)

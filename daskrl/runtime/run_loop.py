@@ -26,7 +26,9 @@ output, or actors run free, after one more iteration that carries it). Each re-p
 ``replan`` cell in ``metrics.csv`` and an entry of ``summary.json``'s ``replans``.
 
 What the phases use lives beside it: placements and what losing one looks like
-(:mod:`daskrl.runtime.attempt`), periodic evaluations (:mod:`daskrl.runtime.evaluations`)
+(:mod:`daskrl.runtime.attempt`), when to re-plan and the record of each
+(:mod:`daskrl.runtime.replan`; under ``--distribution auto`` also to switch distribution,
+:mod:`daskrl.runtime.redecide`), periodic evaluations (:mod:`daskrl.runtime.evaluations`)
 and checkpoints on the way (:mod:`daskrl.runtime.run_checkpoints`).
 """
 
@@ -61,7 +63,7 @@ from daskrl.runtime.attempt import (
 from daskrl.runtime.engine import Backend, Handle
 from daskrl.runtime.evaluations import PeriodicEvals
 from daskrl.runtime.recorder import Recorder
-from daskrl.runtime.redecide import Redecider
+from daskrl.runtime.replan import Replans, placement_moves, with_meta
 from daskrl.runtime.run_checkpoints import check_finite, checkpoint_iteration, kept_checkpoint
 from daskrl.runtime.settings import RunSettings
 from daskrl.runtime.watchdog import Watchdog
@@ -126,13 +128,8 @@ class RunLoop:
         self.watchdog = Watchdog(backend, settings.task_timeout)
         self.evals = PeriodicEvals(backend, algo, settings, recorder, self._result)
         self.first_done_at: float | None = None  # when the first graph was recorded
-        self.replan_reason: str | None = None  # a worker joined that a new placement uses
         self.closing = False  # the graph carrying the full state before a re-plan is out
-        self.joins_seen = attempt.since  # membership reports considered for a re-plan
-        self.replans: list[dict[str, Any]] = []  # each re-plan: iteration, why, placement
-        # --distribution auto: re-decides while the run goes on (runtime.redecide)
-        self.redecider = Redecider(settings.redecide) if settings.redecide else None
-        self.switch_to: str | None = None  # the distribution the next re-plan switches to
+        self.replans = Replans(settings, attempt.since)  # why to re-plan, and each made
 
     def run(self) -> LearnerOutput:
         """Step until every iteration is recorded; return the last output."""
@@ -200,7 +197,7 @@ class RunLoop:
         """Submit the graph of the next iterations, chained on the one before; before a
         re-plan, one iteration whose output carries the learner's full state (an off-policy
         learner's replay too), as a checkpoint's does."""
-        self.closing = self.replan_reason is not None  # only when it drains to re-plan
+        self.closing = self.replans.reason is not None  # only when it drains to re-plan
         count = 1 if self.closing else min(self.size.count, self._pause() - self.next)
         inputs = self._inputs(self.next, count)
         if self.closing:
@@ -252,8 +249,11 @@ class RunLoop:
         if self.first_done_at is None:
             self.first_done_at = time.monotonic()
         self._notice_joins()
-        self._redecide(head)
-        if self.replan_reason is not None and not self._drains_to_replan():
+        if not self.closing:
+            self.replans.observe(self.recorder.last_rows,
+                                 self._pause() - (head.first + head.count))
+            self.settings = with_meta(self.settings, self.replans.settled_meta(self.settings.meta))
+        if self.replans.reason is not None and not self._drains_to_replan():
             # the output just recorded carries the learner's full state: let the graphs
             # after it go (at most the next one has started) and go on from it, placed anew
             if self.inflight:
@@ -305,7 +305,7 @@ class RunLoop:
         self.evals.collect(block=False)  # a finished one goes into this row
         self.size.observe(self.recorder.record(done.first, output))
         for observer in self.settings.observers:
-            observer(self.recorder.last_row, self.attempt.placement)
+            observer(self.recorder.last_rows[-1], self.attempt.placement)
         every = self.settings.checkpoint_every
         if (done.first + done.count) // every > done.first // every:
             checkpoint_iteration(self.settings, output, self.recorder.counters)
@@ -315,61 +315,15 @@ class RunLoop:
     # ------------------------------------------------------------------ RE-PLANNING
 
     def _notice_joins(self) -> None:
-        """When workers joined and placing the fragments again would use them, ask for a
-        re-plan at the next iteration boundary (:meth:`_replan`); when it would not and the
-        run re-decides (``--distribution auto``), tell the redecider, whose trial may switch
-        to a distribution that uses them. Not under
+        """Workers that joined: a re-plan at the next iteration boundary where placing the
+        fragments again would use them (:meth:`Replans.notice_joins`). Not under
         ``--deterministic``: a re-plan restarts the envs, which the same run without the
         join would not."""
-        if self.settings.deterministic:
+        if self.settings.deterministic or self.next >= self.total:
             return
-        membership = self.backend.membership
-        cursor = membership.cursor()
-        if self.replan_reason is not None or cursor == self.joins_seen:
-            return
-        joined = membership.joined_since(self.joins_seen)
-        self.joins_seen = cursor
-        if not joined or self.next >= self.total:
-            return
-        try:
-            placement = place(self.backend, self.algo, self.distribution, self.token)
-        except ValueError:  # the new workers cannot host anything of this run
-            return
-        same = placement.workers == self.attempt.placement.workers
-        if same and self.redecider is None:
-            return
-        names = {addr: name for name, addr in self.backend.identities().items()}
-        why = f"worker(s) {', '.join(sorted(names.get(a, a) for a in joined))} joined"
-        if same:  # another distribution may use them: the redecider's trial
-            assert self.redecider is not None
-            self.redecider.cluster_changed(why, len(names))
-            return
-        self.replan_reason = why
-
-    def _redecide(self, done: InFlight) -> None:
-        """Under ``--distribution auto``: feed the graph just recorded to the
-        :class:`~daskrl.runtime.redecide.Redecider`; a switch it asks for is a re-plan at
-        the next iteration boundary under the other distribution."""
-        if self.redecider is None or self.replan_reason is not None or self.closing:
-            return
-        rows = self.recorder.last_rows
-        decision = self.redecider.observe(
-            sum(float(r.get("iteration_env_steps") or 0.0) for r in rows),
-            sum(float(r.get("iteration_s") or 0.0) for r in rows),
-            self._pause() - (done.first + done.count))
-        self._keep_settled()
-        if decision is not None:
-            self.switch_to, self.replan_reason = decision
-
-    def _keep_settled(self) -> None:
-        """Checkpoints record the distribution the last trial chose (not a candidate being
-        tried), so a resume goes on under it."""
-        assert self.redecider is not None
-        probe = self.settings.meta.get("distribution_probe", {})
-        if probe.get("now", probe.get("chosen")) != self.redecider.settled:
-            meta = {**self.settings.meta,
-                    "distribution_probe": {**probe, "now": self.redecider.settled}}
-            self.settings = dataclasses.replace(self.settings, meta=meta)
+        self.replans.notice_joins(
+            self.backend, self.attempt.placement,
+            lambda: place(self.backend, self.algo, self.distribution, self.token))
 
     def _drains_to_replan(self) -> bool:
         """Whether a re-plan waits for the graphs in flight and one more whose output
@@ -385,11 +339,11 @@ class RunLoop:
         Every replica starts its envs afresh (new episodes), under a new run id.
         ``drop_old``: nothing of the old run runs any more (it drained), so its resident
         objects go at once; otherwise with the run's end, as a lost attempt's."""
-        reason, self.replan_reason, self.closing = self.replan_reason, None, False
-        switch, self.switch_to = self.switch_to, None
+        (reason, switch), self.closing = self.replans.take(), False
         attempted = switch
         if self.next >= self.total:
             return
+        redecider = self.replans.redecider
         before = self.distribution
         if switch is not None:  # a new instance: a distribution may keep its run's state
             self.distribution = get_distribution(switch)
@@ -398,8 +352,8 @@ class RunLoop:
                                                 self.token)
         except ValueError as exc:  # a worker left meanwhile: the loss is handled where it
             placement = None  # is seen; a switch that cannot be placed is not made
-            if switch is not None and self.redecider is not None:
-                self.redecider.refused(switch, " ".join(str(exc).split()))
+            if switch is not None and redecider is not None:
+                redecider.refused(switch, " ".join(str(exc).split()))
                 self.distribution, switch = before, None
         moves = placement_moves(self.attempt.placement, placement) if placement else []
         if switch is not None:
@@ -413,31 +367,26 @@ class RunLoop:
         self.earlier.append(old_run)
         self.attempt = Attempt.begin(self.backend, self.algo, self.distribution, placement,
                                      self.settings)
-        self.joins_seen = self.attempt.since
+        self.replans.joins_seen = self.attempt.since
         self.size = TaskSize(self.attempt.cap, self.settings.task_s)
         if self.recorder.timeline is not None:
             self.recorder.timeline.run = self.attempt.run
         if drop_old:
             self.backend.run_everywhere(drop_run, old_run)
         self.learner_in = None  # the chain restarts from the driver's copy of the output
-        self.replans.append({"iteration": self.next, "reason": reason, "moves": moves,
-                             "placement": {role: list(names)
-                                           for role, names in placement.workers.items()}})
+        self.replans.made(self.next, reason, moves, placement)
         said = "; ".join(moves) or "the same placement"
         self.recorder.attach({"replan": f"{reason}: {said}"})
         print(f"daskrl: {reason}; placed again from iteration {self.next + 1}: {said}",
               file=sys.stderr)
-        if switch is not None:
-            self._switched(switch)
-        elif attempted is None and self.redecider is not None:  # workers joined
-            self.redecider.cluster_changed(reason or "the cluster changed",
-                                           len(self.backend.identities()))
-
-    def _switched(self, spec: str) -> None:
-        """The run goes on under ``spec``: the redecider times it from its second graph."""
-        assert self.redecider is not None
-        self.redecider.switched(spec, len(self.backend.identities()))
-        self._keep_settled()
+        if redecider is None:
+            return
+        workers = len(self.backend.identities())
+        if switch is not None:  # timed from its second graph
+            redecider.switched(switch, workers)
+            self.settings = with_meta(self.settings, self.replans.settled_meta(self.settings.meta))
+        elif attempted is None:  # workers joined
+            redecider.cluster_changed(reason or "the cluster changed", workers)
 
     # ------------------------------------------------------------------ RECOVERING
 
@@ -468,12 +417,11 @@ class RunLoop:
         self.size = TaskSize(self.attempt.cap, self.settings.task_s)
         if self.recorder.timeline is not None:
             self.recorder.timeline.run = self.attempt.run
-        # the recovery places the fragments on the workers there are now: a re-plan asked
-        # for (a join, a switch) has nothing left to do
-        self.replan_reason, self.closing, self.switch_to = None, False, None
-        if self.redecider is not None:  # on the workers left, another may be faster
-            self.redecider.cluster_changed(f"iteration {lost_at + 1} lost ({why[:80]})",
-                                           len(self.backend.identities()))
+        # placed on the workers there are now: a re-plan owed has nothing left to do, and
+        # under --distribution auto another distribution may be faster there
+        self.closing = False
+        self.replans.cluster_changed(f"iteration {lost_at + 1} lost ({why[:80]})",
+                                     self.backend)
         return Phase.SUBMITTING
 
     def _place_again(self) -> Placement:
@@ -533,23 +481,3 @@ class RunLoop:
         """Run ids of every attempt, the current one last."""
         return [*self.earlier, self.attempt.run]
 
-
-def placement_moves(before: Placement, after: Placement) -> list[str]:
-    """Each replica whose worker changed, as ``role replica: old -> new``.
-
-    Examples
-    --------
-    >>> from daskrl.core.resources import Resources
-    >>> one = Placement({"rollout": Resources(cpu=1)}, {"rollout": ("w0", "w0")})
-    >>> two = Placement({"rollout": Resources(cpu=1)}, {"rollout": ("w0", "w1")})
-    >>> placement_moves(one, two)
-    ['rollout 1: w0 -> w1']
-    """
-    moves = []
-    for role, names in after.workers.items():
-        old = before.workers.get(role, ())
-        for replica, name in enumerate(names):
-            was = old[replica] if replica < len(old) else "-"
-            if was != name:
-                moves.append(f"{role} {replica}: {was} -> {name}")
-    return moves
