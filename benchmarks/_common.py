@@ -251,3 +251,25 @@ def graph_setting(text: str) -> tuple[str, Any]:
         return field, json.loads(value)
     except json.JSONDecodeError:
         return field, value
+
+
+def run_or_read(cmd: Sequence[str], out: Path, may_run: bool = True) -> dict[str, Any]:
+    """The ``summary.json`` of the run that ``cmd`` trains into ``out``: run it first unless
+    it is already there (a suite resumes where it stopped), noting the load it started at.
+
+    Returns ``{"summary": ..., "ran_now": bool, "load_before": ...}``, ``{"missing": True}``
+    when not there and ``may_run`` is off, or ``{"error": stderr tail, "command": cmd}``.
+    """
+    ran = False
+    if not (out / "summary.json").is_file():
+        if not may_run:
+            return {"missing": True}
+        load = load_average()
+        done = subprocess.run(list(cmd), capture_output=True, text=True, cwd=ROOT)
+        if done.returncode or not (out / "summary.json").is_file():
+            return {"command": list(cmd), "error": done.stderr[-2000:]}
+        (out / "load_before.json").write_text(json.dumps(load))
+        ran = True
+    load_file = out / "load_before.json"
+    return {"summary": json.loads((out / "summary.json").read_text()), "ran_now": ran,
+            "load_before": json.loads(load_file.read_text()) if load_file.is_file() else None}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +31,7 @@ from _common import (
     machine_info,
     markdown_table,
     median,
+    run_or_read,
     update_section,
     write_json,
 )
@@ -62,26 +62,19 @@ def run_one(setting: str, budget: int, seed: int, work: Path) -> dict[str, Any]:
     """Run (unless already run) and read one run: its final evaluation and late returns."""
     out = work / run_name(setting, budget, seed)
     cmd = command(setting, budget, seed, out)
-    ran = False
-    if not (out / "summary.json").is_file():
-        load = load_average()
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        if done.returncode:
-            return {"setting": setting, "budget": budget, "seed": seed, "command": cmd,
-                    "error": done.stderr[-2000:]}
-        (out / "load_before.json").write_text(json.dumps(load))
-        ran = True
-    summary = json.loads((out / "summary.json").read_text())
+    got = run_or_read(cmd, out)
+    if "summary" not in got:
+        return {"setting": setting, "budget": budget, "seed": seed, "command": cmd,
+                "error": got["error"]}
     with (out / "metrics.csv").open(newline="") as fh:
         returns = [float(r["episode_return_mean"]) for r in csv.DictReader(fh)
                    if r.get("iteration") and r.get("episode_return_mean")]
     tail = returns[-max(1, len(returns) // 10):]
-    load_file = out / "load_before.json"
     return {"setting": setting, "budget": budget, "seed": seed, "command": cmd,
-            "ran_now": ran, "final_eval": summary.get("eval_return_mean"),
+            "ran_now": got["ran_now"], "final_eval": got["summary"].get("eval_return_mean"),
             "train_return_last_10pct": sum(tail) / len(tail) if tail else None,
-            "env_steps_per_s": summary.get("env_steps_per_s"),
-            "load_before": json.loads(load_file.read_text()) if load_file.is_file() else None}
+            "env_steps_per_s": got["summary"].get("env_steps_per_s"),
+            "load_before": got["load_before"]}
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
