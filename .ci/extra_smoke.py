@@ -70,6 +70,12 @@ def main(extra: str, root: Path) -> None:
                "--workers", "1", "--no-progress", "--out", "sweep")
         if "IQM" not in Path("sweep/report.md").read_text():
             raise SystemExit("daskrl sweep wrote no report")
+    elif extra == "bench":  # the learning suite beside SB3, rliable's intervals, Box2D
+        step("LunarLander-v3")
+        done = subprocess.run([sys.executable, str(root / "benchmarks" / "learning.py"),
+                               "--quick"], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 or "IQM" not in done.stdout:
+            raise SystemExit(f"benchmarks/learning.py --quick failed:\n{done.stderr[-3000:]}")
     else:
         raise SystemExit(f"no smoke for the extra {extra!r}")
 

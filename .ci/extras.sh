@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 extras=("$@")
-[[ ${#extras[@]} -gt 0 ]] || extras=(mujoco atari envpool video mlflow notebook graph sweep)
+[[ ${#extras[@]} -gt 0 ]] || extras=(mujoco atari envpool video mlflow notebook graph sweep bench)
 for extra in "${extras[@]}"; do
   started=$SECONDS
   work=$(mktemp -d "${TMPDIR:-/tmp}/daskrl-extra-$extra.XXXX")

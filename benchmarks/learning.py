@@ -1,0 +1,317 @@
+"""The learning regression suite: algorithm x env x seeds, each beside a peer with the same
+settings, reported the way RL papers do (rliable's interquartile mean with 95 % stratified
+bootstrap intervals, learning curves with bands).
+
+Each row trains ``daskrl train GRAPH`` (the embedded cluster, the graph's default
+distribution) and its peer -- Stable-Baselines3 with the same settings through
+``_learning_sb3.py``, or another daskrl run where SB3 has no such algorithm -- for every
+seed. The score of a run is its final greedy evaluation (``summary.json``'s
+``eval_return_mean``, 10 episodes on fresh envs); a row **trails** when daskrl's IQM lies
+below the lower end of the peer's interval. Runs live under ``--work`` as
+``ROW/SYSTEM-sSEED``; a run whose ``summary.json`` is there is read, not run again, so the
+suite resumes where it stopped, and ``--parallel`` runs go at once (the returns do not depend
+on the load; the speed column does, and says so).
+
+    python benchmarks/learning.py                          # every row, seeds 1-5
+    python benchmarks/learning.py --rows ppo-cartpole dqn-cartpole --seeds 1 2 3
+    python benchmarks/learning.py --no-run                 # the report of what has run
+    python benchmarks/learning.py --quick                  # a smoke: two rows, tiny budgets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import (
+    ROOT,
+    load_average,
+    machine_info,
+    markdown_table,
+    run_or_read,
+    update_section,
+    write_json,
+)
+from tqdm import tqdm
+
+from daskrl.sweeps.report import REPS, curve_points, iqm_band, iqm_interval
+
+HERE = Path(__file__).resolve().parent
+
+PPO_SB3 = {"n_steps": 128, "batch_size": 256, "n_epochs": 4, "learning_rate": 2.5e-4,
+           "gamma": 0.99, "gae_lambda": 0.95, "clip_range": 0.2, "clip_range_vf": 0.2,
+           "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5,
+           "policy_kwargs": {"net_arch": {"pi": [64, 64], "vf": [64, 64]},
+                             "activation": "tanh"}}
+"""graphs/ppo.py's defaults in SB3's words: 8 envs x 128 steps, 4 minibatches of 256, CleanRL's
+clipped value loss (SB3 clips the predicted value, ``clip_range_vf``), separate 64x64 tanh
+actor and critic."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One algorithm x env of the suite and the peer it is measured beside."""
+
+    name: str
+    algo: str
+    env: str
+    steps: int
+    graph: str
+    flags: tuple[str, ...] = ()
+    peer: str = "SB3"
+    sb3: dict[str, Any] = field(default_factory=dict)
+    """The SB3 child's spec (without env, steps and seed); empty when the peer is daskrl."""
+    peer_flags: tuple[str, ...] = ()
+    """The peer's ``daskrl train`` flags, when the peer is another daskrl run."""
+    peer_row: str = ""
+    """Another row whose peer runs this one shares (same env and budget)."""
+    note: str = ""
+
+
+ROWS: dict[str, Row] = {r.name: r for r in (
+    Row("ppo-cartpole", "PPO", "CartPole-v1", 500_000, "graphs/ppo.py",
+        sb3={"algo": "PPO", "n_envs": 8, "anneal_lr": True, "kwargs": PPO_SB3},
+        note="graphs/ppo.py's defaults (CleanRL's), the README's budget"),
+    Row("dqn-cartpole", "DQN", "CartPole-v1", 100_000, "graphs/dqn.py", ("--no-double-q",),
+        sb3={"algo": "DQN", "n_envs": 4, "anneal_lr": True, "kwargs": {
+            "learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000,
+            "learning_starts": 1000, "gamma": 0.99, "target_update_interval": 10,
+            "train_freq": 64, "gradient_steps": 128, "exploration_fraction": 0.16,
+            "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]}}},
+        note="graphs/dqn.py's defaults (RL Zoo's, the rate annealed to 0) without double Q, "
+             "which SB3 lacks; SB3's target update every 10 env steps acts as once per "
+             "256-step burst, as daskrl's"),
+    Row("sac-pendulum", "SAC", "Pendulum-v1", 20_000, "graphs/sac.py",
+        ("--env", "Pendulum-v1"),
+        sb3={"algo": "SAC", "n_envs": 1, "kwargs": {"learning_rate": 1e-3}},
+        note="graphs/sac.py's defaults (CleanRL's, 1e-3 for both networks); SB3's defaults "
+             "with its learning rate at 1e-3"),
+    Row("impala-cartpole", "IMPALA", "CartPole-v1", 500_000, "graphs/impala.py",
+        peer="SB3 PPO", peer_row="ppo-cartpole",
+        note="graphs/impala.py's defaults; neither SB3 nor CleanRL has IMPALA, so the peer is "
+             "SB3's PPO on the same envs and budget (the ppo-cartpole row's runs)"),
+    Row("dqn-mountaincar", "DQN", "MountainCar-v0", 120_000, "graphs/dqn.py",
+        ("--env", "MountainCar-v0", "--num-envs", "1", "--num-steps", "16",
+         "--train-frequency", "2", "--learning-rate", "4e-3", "--no-anneal-lr",
+         "--batch-size", "128", "--buffer-size", "10000", "--learning-starts", "1000",
+         "--gamma", "0.98", "--target-network-frequency", "600",
+         "--exploration-fraction", "0.2", "--end-e", "0.07", "--no-double-q"),
+        sb3={"algo": "DQN", "n_envs": 1, "kwargs": {
+            "learning_rate": 4e-3, "batch_size": 128, "buffer_size": 10_000,
+            "learning_starts": 1000, "gamma": 0.98, "target_update_interval": 600,
+            "train_freq": 16, "gradient_steps": 8, "exploration_fraction": 0.2,
+            "exploration_final_eps": 0.07, "policy_kwargs": {"net_arch": [256, 256]}}},
+        note="RL Zoo's MountainCar-v0 settings in both"),
+    Row("dqn-lunarlander", "DQN", "LunarLander-v3", 100_000, "graphs/dqn.py",
+        ("--env", "LunarLander-v3", "--num-envs", "1", "--num-steps", "16",
+         "--train-frequency", "1", "--learning-rate", "6.3e-4", "--no-anneal-lr",
+         "--batch-size", "128", "--buffer-size", "50000", "--learning-starts", "0",
+         "--target-network-frequency", "250", "--exploration-fraction", "0.12",
+         "--end-e", "0.1", "--no-double-q"),
+        sb3={"algo": "DQN", "n_envs": 1, "kwargs": {
+            "learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000,
+            "learning_starts": 0, "gamma": 0.99, "target_update_interval": 250,
+            "train_freq": 16, "gradient_steps": 16, "exploration_fraction": 0.12,
+            "exploration_final_eps": 0.1, "policy_kwargs": {"net_arch": [256, 256]}}},
+        note="RL Zoo's LunarLander settings, the gradient steps in bursts of 16 in both "
+             "(Zoo: 4)"),
+    Row("ppo-lunarlander", "PPO", "LunarLander-v3", 1_000_000, "graphs/ppo.py",
+        ("--env", "LunarLander-v3", "--num-envs", "16", "--num-steps", "1024",
+         "--minibatch-size", "64", "--update-epochs", "4", "--gamma", "0.999",
+         "--gae-lambda", "0.98", "--learning-rate", "3e-4", "--no-anneal-lr",
+         "--no-clip-vloss"),
+        sb3={"algo": "PPO", "n_envs": 16, "kwargs": {
+            "n_steps": 1024, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-4,
+            "gamma": 0.999, "gae_lambda": 0.98, "ent_coef": 0.01,
+            "policy_kwargs": {"net_arch": {"pi": [64, 64], "vf": [64, 64]},
+                              "activation": "tanh"}}},
+        note="RL Zoo's LunarLander settings in both"),
+    Row("mappo-spread", "MAPPO", "simple_spread", 320_000, "graphs/mappo.py",
+        ("--env", "simple_spread"), peer="IPPO (daskrl)",
+        peer_flags=("--env", "simple_spread", "--critic", "local"),
+        note="graphs/mappo.py's defaults (the MAPPO paper's batch shape, 1.6 % of its 20M "
+             "steps); SB3 has no multi-agent PPO and no published spread return could be "
+             "retrieved (mpe_tasks.md), so the peer is the same graph with local critics"),
+)}
+"""The suite, in the order it runs. MuJoCo rows (PPO on HalfCheetah/Walker2d, SAC on Hopper)
+are not here: at the 1M steps where they mean something, 5 seeds beside SB3 cost about 3.5
+CPU-hours per env on this machine (``mujoco_ppo.md`` holds 3-seed PPO comparisons)."""
+
+QUICK_STEPS = {"ppo-cartpole": 4096, "dqn-cartpole": 2048}
+
+
+def run_dir(work: Path, row: Row, system: str, seed: int) -> Path:
+    """The folder of one run.
+
+    >>> run_dir(Path("w"), ROWS["ppo-cartpole"], "peer", 3).as_posix()
+    'w/ppo-cartpole/peer-s3'
+    """
+    if system == "peer" and row.peer_row:
+        row = ROWS[row.peer_row]
+    return work / row.name / f"{system}-s{seed}"
+
+
+def command(row: Row, system: str, seed: int, steps: int, out: Path) -> list[str]:
+    """The process that trains one run into ``out``."""
+    if system == "peer" and row.sb3:
+        spec = {**row.sb3, "env": row.env, "steps": steps, "seed": seed}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "spec.json").write_text(json.dumps(spec, indent=1))
+        return [sys.executable, str(HERE / "_learning_sb3.py"), str(out / "spec.json"),
+                str(out)]
+    flags = row.flags if system == "daskrl" else row.peer_flags
+    return [sys.executable, "-m", "daskrl", "train", row.graph, *flags, "--steps", str(steps),
+            "--seed", str(seed), "--no-progress", "--out", str(out)]
+
+
+def run_one(row: Row, system: str, seed: int, steps: int, work: Path, may_run: bool
+            ) -> dict[str, Any]:
+    """Run (unless already run, or ``may_run`` is off) and read one run."""
+    if system == "peer" and row.peer_row:
+        row = ROWS[row.peer_row]
+    out = run_dir(work, row, system, seed)
+    record: dict[str, Any] = {"row": row.name, "system": system, "seed": seed, "dir": str(out)}
+    got = run_or_read(command(row, system, seed, steps, out), out, may_run)
+    if "summary" not in got:
+        return record | got
+    return record | {"final_eval": got["summary"].get("eval_return_mean"),
+                     "env_steps_per_s": got["summary"].get("env_steps_per_s"),
+                     "load_before": got["load_before"]}
+
+
+def summarise(row: Row, runs: list[dict[str, Any]], steps: int, reps: int = REPS
+              ) -> dict[str, Any]:
+    """The row's scores per system: finals, IQM with its interval (``reps`` bootstrap
+    resamples), and the verdict."""
+    out: dict[str, Any] = {"row": row.name, "algo": row.algo, "env": row.env,
+                           "steps": steps, "peer_name": row.peer, "note": row.note}
+    for system in ("daskrl", "peer"):
+        mine = sorted((r for r in runs if r["row"] == (row.peer_row or row.name
+                                                        if system == "peer" else row.name)
+                       and r["system"] == system and r.get("final_eval") is not None),
+                      key=lambda r: r["seed"])
+        finals = [float(r["final_eval"]) for r in mine]
+        entry: dict[str, Any] = {"seeds": [r["seed"] for r in mine], "finals": finals}
+        if finals:
+            entry["iqm"], entry["low"], entry["high"] = iqm_interval(finals, reps)
+            entry["env_steps_per_s"] = float(np.median([r["env_steps_per_s"] for r in mine]))
+        out[system] = entry
+    ours, peer = out["daskrl"], out["peer"]
+    if "iqm" in ours and "iqm" in peer:
+        out["trails"] = ours["iqm"] < peer["low"]
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of :func:`summarise`'s rows."""
+    def cell(entry: dict[str, Any]) -> str:
+        if "iqm" not in entry:
+            return "-"
+        return f"{entry['iqm']:.1f} [{entry['low']:.1f}, {entry['high']:.1f}]"
+
+    def speed(entry: dict[str, Any]) -> str:
+        return f"{entry['env_steps_per_s']:,.0f}" if "env_steps_per_s" in entry else "-"
+
+    verdict = {True: "**trails**", False: "holds", None: "-"}
+    body = [[r["algo"], r["env"], f"{r['steps']:,}", f"{len(r['daskrl']['finals'])}",
+             cell(r["daskrl"]), r["peer_name"], cell(r["peer"]), verdict[r.get("trails")],
+             speed(r["daskrl"]), speed(r["peer"])] for r in rows]
+    return markdown_table(["algorithm", "env", "steps", "seeds", "daskrl IQM [95 % CI]",
+                           "peer", "peer IQM [95 % CI]", "vs peer", "daskrl env-steps/s",
+                           "peer env-steps/s"], body, align="lllrrlrlrr")
+
+
+def plot(rows: list[Row], work: Path, path: Path) -> None:
+    """Training-return curves (IQM over seeds, 95 % bootstrap bands), one panel per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(rows))
+    fig, axes = plt.subplots(math.ceil(len(rows) / cols), cols, squeeze=False,
+                             figsize=(4 * cols, 3 * math.ceil(len(rows) / cols)))
+    for ax, row in zip(axes.flat, rows, strict=False):
+        for system, label in (("daskrl", "daskrl"), ("peer", row.peer)):
+            dirs = sorted((work / (row.peer_row or row.name if system == "peer" else row.name)
+                           ).glob(f"{system}-s*"))
+            curve = curve_points(dirs)
+            if curve is None:
+                continue
+            iqm, low, high = iqm_band(curve[1])
+            ax.plot(curve[0], iqm, label=f"{label} ({len(dirs)})")
+            ax.fill_between(curve[0], low, high, alpha=0.25)
+        ax.set_title(f"{row.algo} {row.env}", fontsize=9)
+        ax.set_xlabel("env steps", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(rows):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags, run what is missing, write the JSON, the table and the curves."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learning",
+                        help="folder of the runs (a run already there is read, not re-run)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once")
+    parser.add_argument("--no-run", action="store_true",
+                        help="run nothing: report the runs already in --work")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: PPO and DQN on CartPole, a few thousand steps, "
+                             "seeds 1-2, into a temporary folder; writes nothing here")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "learning.json")
+    parser.add_argument("--md", type=Path, default=HERE / "learning.md")
+    parser.add_argument("--section", default="learning", help="section of --md to rewrite")
+    args = parser.parse_args(argv)
+    steps = {name: ROWS[name].steps for name in args.rows}
+    if args.quick:
+        tmp = Path(tempfile.mkdtemp(prefix="daskrl-learning-"))
+        args.rows, args.seeds, args.work = list(QUICK_STEPS), [1, 2], tmp / "runs"
+        args.json, args.md, steps = tmp / "learning.json", tmp / "learning.md", QUICK_STEPS
+    rows = [ROWS[name] for name in args.rows]
+    jobs = [(row, system, seed) for row in rows for seed in args.seeds
+            for system in ("daskrl", "peer") if not (system == "peer" and row.peer_row
+                                                     and row.peer_row in args.rows)]
+    loads = [load_average()]
+    with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
+        def one(job: tuple[Row, str, int]) -> dict[str, Any]:
+            row, system, seed = job
+            budget = steps.get(row.peer_row or row.name, row.steps) if system == "peer" else (
+                steps[row.name])
+            result = run_one(row, system, seed, budget, args.work, not args.no_run)
+            bar.set_postfix_str(f"{row.name} {system} s{seed}: {result.get('final_eval')}")
+            bar.update()
+            return result
+        runs = list(pool.map(one, jobs))
+    loads.append(load_average())
+    errors = [r for r in runs if r.get("error")]
+    for r in errors:
+        print(f"{r['row']} {r['system']} seed {r['seed']} failed: {r['error'][-500:]}",
+              file=sys.stderr)
+    summary = [summarise(row, runs, steps[row.name]) for row in rows]
+    write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
+                           "rows": summary, "runs": runs})
+    update_section(args.md, args.section, table(summary))
+    plot(rows, args.work, args.json.with_name(f"{args.json.stem}_curves.png"))
+    print(table(summary))
+    if errors:
+        raise SystemExit(f"{len(errors)} run(s) failed")
+
+
+if __name__ == "__main__":
+    main()
