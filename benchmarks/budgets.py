@@ -1,0 +1,157 @@
+"""Do a graph's defaults hold at any budget? Each graph trained with its defaults at 1x, 2x
+and 6x its quoted step budget, for 3 seeds; the final greedy evaluation at 2x and 6x must be
+at least as good as at 1x (a default tuned to one budget is a bug a user meets by giving the
+run more steps).
+
+Each run is ``daskrl train GRAPH --steps B --seed S`` (plus the graph's env flags below);
+reported per (graph, budget): the final greedy evaluation of each seed (``summary.json``'s
+``eval_return_mean``), their median, and the training return over the last 10 % of the run.
+Runs live under ``--work`` as ``GRAPH/<budget>k-s<seed>``; a run already there is read, not
+run again, and ``--parallel`` runs go at once (returns do not depend on the load).
+
+    python benchmarks/budgets.py --graphs ppo impala a3c --seeds 1 2 3
+    python benchmarks/budgets.py --quick            # ppo, 2k/4k steps, one seed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    ROOT,
+    load_average,
+    machine_info,
+    markdown_table,
+    median,
+    run_or_read,
+    update_section,
+    write_json,
+)
+from tqdm import tqdm
+
+from daskrl.observe.plot import read_metrics
+
+HERE = Path(__file__).resolve().parent
+GRAPHS: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "ppo": ("graphs/ppo.py", 500_000, ()),
+    "impala": ("graphs/impala.py", 500_000, ()),
+    "a3c": ("graphs/a3c.py", 500_000, ()),
+    "dqn": ("graphs/dqn.py", 100_000, ()),
+    "sac": ("graphs/sac.py", 20_000, ("--env", "Pendulum-v1")),
+    "td3": ("graphs/td3.py", 20_000, ("--env", "Pendulum-v1")),
+    "mappo": ("graphs/mappo.py", 320_000, ("--env", "simple_spread")),
+}
+"""Name -> (graph, the 1x budget the README and benchmarks quote, env flags): CartPole-v1 for
+the discrete graphs, Pendulum-v1 for the continuous ones, MAPPO's simple spread."""
+
+
+def run_one(name: str, budget: int, seed: int, work: Path) -> dict[str, Any]:
+    """Run (unless already run) and read one run: its final evaluation and late returns."""
+    graph, _, flags = GRAPHS[name]
+    out = work / name / f"{budget // 1000}k-s{seed}"
+    cmd = [sys.executable, "-m", "daskrl", "train", graph, *flags, "--steps", str(budget),
+           "--seed", str(seed), "--no-progress", "--out", str(out)]
+    record = {"graph": name, "budget": budget, "seed": seed}
+    got = run_or_read(cmd, out)
+    if "summary" not in got:
+        return record | got
+    cols = read_metrics(out)
+    returns = [r for it, r in zip(cols.get("iteration", []),
+                                  cols.get("episode_return_mean", []), strict=False)
+               if it == it and r == r]  # rows of iterations with episodes (NaN != NaN)
+    tail = returns[-max(1, len(returns) // 10):]
+    return record | {"final_eval": got["summary"].get("eval_return_mean"),
+                     "train_return_last_10pct": sum(tail) / len(tail) if tail else None,
+                     "env_steps_per_s": got["summary"].get("env_steps_per_s"),
+                     "load_before": got["load_before"], "ran_now": got["ran_now"]}
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (graph, budget), and whether each budget's median holds against 1x."""
+    rows = []
+    for name in dict.fromkeys(r["graph"] for r in runs):
+        budgets = sorted({r["budget"] for r in runs if r["graph"] == name})
+        base = None
+        for budget in budgets:
+            mine = sorted((r for r in runs if r["graph"] == name and r["budget"] == budget
+                           and r.get("final_eval") is not None), key=lambda r: r["seed"])
+            if not mine:
+                continue
+            finals = [float(r["final_eval"]) for r in mine]
+            med = median(finals)
+            base = med if base is None else base
+            rows.append({"graph": name, "budget": budget, "multiple": budget / budgets[0],
+                         "seeds": [r["seed"] for r in mine], "final_evals": finals,
+                         "median_final_eval": med, "holds": med >= base,
+                         "train_return_last_10pct": median(
+                             [r["train_return_last_10pct"] for r in mine]),
+                         "env_steps_per_s": median([r["env_steps_per_s"] for r in mine])})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of :func:`summarise`'s rows."""
+    body = [[r["graph"], f"{r['budget']:,} ({r['multiple']:g}x)",
+             ", ".join(f"{f:.1f}" for f in r["final_evals"]), r["median_final_eval"],
+             "1x" if r["multiple"] == 1 else ("holds" if r["holds"] else "**worse**"),
+             r["train_return_last_10pct"], r["env_steps_per_s"]] for r in rows]
+    return markdown_table(["graph", "steps", "final greedy eval per seed", "median",
+                           "vs 1x", "training return, last 10 % (median)",
+                           "env-steps/s (median)"], body, align="lllrlrr")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags, run what is missing, write the JSON and the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--graphs", nargs="+", choices=list(GRAPHS), default=list(GRAPHS))
+    parser.add_argument("--multiples", type=float, nargs="+", default=[1, 2, 6],
+                        help="budgets as multiples of each graph's quoted one")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "budgets",
+                        help="folder of the runs (a run already there is read, not re-run)")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test: ppo at 2k and 4k steps, seed 1; writes nothing here")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "budgets.json")
+    parser.add_argument("--md", type=Path, default=HERE / "budgets.md")
+    parser.add_argument("--section", default="budgets", help="section of --md to rewrite")
+    args = parser.parse_args(argv)
+    if args.quick:
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="daskrl-budgets-"))
+        args.graphs, args.seeds, args.work = ["ppo"], [1], tmp / "runs"
+        args.json, args.md = tmp / "budgets.json", tmp / "budgets.md"
+        budgets = {"ppo": [2048, 4096]}
+    else:
+        budgets = {g: [int(GRAPHS[g][1] * m) for m in args.multiples] for g in args.graphs}
+    jobs = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds]
+    loads = [load_average()]
+    with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
+        def one(job: tuple[str, int, int]) -> dict[str, Any]:
+            result = run_one(*job, args.work)
+            bar.set_postfix_str(f"{job[0]} {job[1]:,} s{job[2]}: {result.get('final_eval')}")
+            bar.update()
+            return result
+        runs = list(pool.map(one, jobs))
+    loads.append(load_average())
+    errors = [r for r in runs if r.get("error")]
+    for r in errors:
+        print(json.dumps({k: r.get(k) for k in ("graph", "budget", "seed")}),
+              r["error"][-500:], file=sys.stderr)
+    rows = summarise(runs)
+    write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
+                           "rows": rows, "runs": runs})
+    update_section(args.md, args.section, table(rows))
+    print(table(rows))
+    if errors:
+        raise SystemExit(f"{len(errors)} run(s) failed")
+
+
+if __name__ == "__main__":
+    main()
