@@ -42,6 +42,7 @@ from daskrl.runtime.engine import Backend
 from daskrl.runtime.memory import check_memory
 from daskrl.runtime.occupancy import release
 from daskrl.runtime.recorder import Recorder
+from daskrl.runtime.replan import since_last_switch
 from daskrl.runtime.run_loop import Attempt, RunLoop, place
 from daskrl.runtime.settings import RunSettings, check_settings
 
@@ -292,7 +293,8 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
     summary["determinism"] = determinism_record(settings.deterministic, loop.distribution,
                                                 backend.worker_environ(NUMERICS))
     if loop.total > 0:  # the distribution's own figures, from the metrics just written
-        summary.update(loop.distribution.headline_figures(read_metrics(out)))
+        summary.update(loop.distribution.headline_figures(
+            since_last_switch(read_metrics(out), loop.replans.records)))
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
         summary.update(loop.evals.forgetting(summary.get("eval_return_mean", math.nan)))

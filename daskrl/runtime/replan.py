@@ -17,6 +17,7 @@ Each re-plan is a ``replan`` cell in ``metrics.csv`` and an entry of :attr:`Repl
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -115,6 +116,34 @@ class Replans:
         if probe.get("now", probe.get("chosen")) == self.redecider.settled:
             return None
         return {**meta, "distribution_probe": {**probe, "now": self.redecider.settled}}
+
+
+def since_last_switch(columns: Mapping[str, Sequence[float]],
+                      records: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """``metrics.csv``'s columns from the first iteration under the run's current
+    distribution: the rows before its last switch (a re-plan whose moves begin with
+    ``--distribution``) measured another one. Rows without an iteration (evaluations) go
+    with the iterations around them.
+
+    Examples
+    --------
+    >>> cols = {"iteration": [1.0, 2.0, 3.0, 4.0], "policy_lag": [0.0, 0.0, 5.0, 3.0]}
+    >>> switch = {"iteration": 2, "moves": ["--distribution single -> impala"]}
+    >>> since_last_switch(cols, [switch])["policy_lag"]
+    [5.0, 3.0]
+    >>> since_last_switch(cols, [{"iteration": 3, "moves": ["rollout 1: w0 -> w1"]}]) == cols
+    True
+    """
+    switches = [r["iteration"] for r in records
+                if any(m.startswith("--distribution ") for m in r.get("moves", ()))]
+    if not switches or "iteration" not in columns:
+        return {name: list(values) for name, values in columns.items()}
+    start, seen, keep = switches[-1], 0.0, []
+    for it in columns["iteration"]:
+        seen = it if not math.isnan(it) else seen
+        keep.append(seen > start)
+    return {name: [v for v, k in zip(values, keep, strict=True) if k]
+            for name, values in columns.items()}
 
 
 def placement_moves(before: Placement, after: Placement) -> list[str]:
