@@ -7,7 +7,8 @@ distribution) and its peer -- Stable-Baselines3 with the same settings through
 ``_learning_sb3.py``, or another daskrl run where SB3 has no such algorithm -- for every
 seed. The score of a run is its final greedy evaluation (``summary.json``'s
 ``eval_return_mean``, 10 episodes on fresh envs); a row **trails** when daskrl's IQM lies
-below the lower end of the peer's interval. Runs live under ``--work`` as
+below the lower end of the peer's interval, and is **ahead** when daskrl's interval lies wholly
+above the peer's. Runs live under ``--work`` as
 ``ROW/SYSTEM-sSEED``; a run whose ``summary.json`` is there is read, not run again, so the
 suite resumes where it stopped, and ``--parallel`` runs go at once (the returns do not depend
 on the load; the speed column does, and says so).
@@ -207,6 +208,9 @@ def summarise(row: Row, runs: list[dict[str, Any]], steps: int, reps: int = REPS
     ours, peer = out["daskrl"], out["peer"]
     if "iqm" in ours and "iqm" in peer:
         out["trails"] = ours["iqm"] < peer["low"]
+        # ahead: the two intervals do not overlap, daskrl's above
+        out["verdict"] = ("trails" if out["trails"] else
+                          "ahead" if ours["low"] > peer["high"] else "holds")
     return out
 
 
@@ -220,9 +224,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     def speed(entry: dict[str, Any]) -> str:
         return f"{entry['env_steps_per_s']:,.0f}" if "env_steps_per_s" in entry else "-"
 
-    verdict = {True: "**trails**", False: "holds", None: "-"}
     body = [[r["algo"], r["env"], f"{r['steps']:,}", f"{len(r['daskrl']['finals'])}",
-             cell(r["daskrl"]), r["peer_name"], cell(r["peer"]), verdict[r.get("trails")],
+             cell(r["daskrl"]), r["peer_name"], cell(r["peer"]),
+             {"trails": "**trails**"}.get(r.get("verdict", "-"), r.get("verdict", "-")),
              speed(r["daskrl"]), speed(r["peer"])] for r in rows]
     return markdown_table(["algorithm", "env", "steps", "seeds", "daskrl IQM [95 % CI]",
                            "peer", "peer IQM [95 % CI]", "vs peer", "daskrl env-steps/s",

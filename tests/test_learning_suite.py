@@ -42,7 +42,11 @@ def test_a_row_trails_only_below_the_peers_interval(learning):
                                                                110.0]) + peer, row.steps, 2000)
     inside = learning.summarise(row, runs(row.name, "daskrl", [470.0, 500.0, 495.0, 500.0,
                                                                 485.0]) + peer, row.steps, 2000)
+    above = learning.summarise(row, runs(row.name, "peer", [100.0, 120.0, 150.0, 130.0, 110.0])
+                               + runs(row.name, "daskrl", [480.0, 490.0, 500.0, 500.0, 500.0]),
+                               row.steps, 2000)
     assert below["trails"] is True and inside["trails"] is False
+    assert [below["verdict"], inside["verdict"], above["verdict"]] == ["trails", "holds", "ahead"]
     assert inside["daskrl"]["low"] <= inside["daskrl"]["iqm"] <= inside["daskrl"]["high"]
     assert "**trails**" in learning.table([below]) and "holds" in learning.table([inside])
 
