@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -233,6 +234,23 @@ def table(rows: list[dict[str, Any]]) -> str:
                            "peer env-steps/s"], body, align="lllrrlrlrr")
 
 
+def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, Any]],
+         args: argparse.Namespace) -> str:
+    """The page's section: the table, each row's settings, the curves and the load."""
+    loads = [r["load_before"]["load_1m"] for r in runs
+             if (r.get("load_before") or {}).get("load_1m") is not None]
+    load = (f"1-minute load at the runs' starts {min(loads):.1f}-{max(loads):.1f} on "
+            f"{os.cpu_count()} CPUs, {args.parallel} runs at once" if loads else "")
+    curves = args.json.with_name(f"{args.json.stem}_curves.png")
+    where = curves.relative_to(args.md.parent) if curves.is_relative_to(args.md.parent) else curves
+    lines = [table(summary), "", f"Seeds {', '.join(map(str, args.seeds))}; {load}. "
+             "Speed columns are medians over the seeds of runs that shared the cores, so "
+             "compare them within a row only.", ""]
+    lines += [f"- **{r.algo} {r.env}** ({r.steps:,} steps): {r.note}." for r in rows]
+    lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
+    return "\n".join(lines)
+
+
 def plot(rows: list[Row], work: Path, path: Path) -> None:
     """Training-return curves (IQM over seeds, 95 % bootstrap bands), one panel per row."""
     import matplotlib
@@ -310,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = [summarise(row, runs, steps[row.name]) for row in rows]
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": summary, "runs": runs})
-    update_section(args.md, args.section, table(summary))
+    update_section(args.md, args.section, page(summary, rows, runs, args))
     plot(rows, args.work, args.json.with_name(f"{args.json.stem}_curves.png"))
     print(table(summary))
     if errors:
