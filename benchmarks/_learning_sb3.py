@@ -4,8 +4,9 @@ Started by ``learning.py`` as ``python benchmarks/_learning_sb3.py SPEC.json OUT
 spec names the algorithm, env, budget, seed and SB3's keyword arguments. ``OUT`` gets
 ``metrics.csv`` (``iteration``, ``env_steps``, ``episode_return_mean``: the mean return of the
 episodes that ended since the row before, one row per about 1/200 of the run) and
-``summary.json`` (``eval_return_mean`` over greedy episodes on fresh envs, the wall clock),
-the two files the suite reads from daskrl's runs too.
+``summary.json`` (``eval_return_mean`` over greedy episodes on the envs daskrl's final
+evaluation of the same seed plays, the wall clock), the two files the suite reads from
+daskrl's runs too, and ``model.zip``.
 """
 
 from __future__ import annotations
@@ -45,25 +46,23 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def evaluate(model: Any, env: Any, spec: dict[str, Any]) -> float:
-    """Mean return of greedy episodes on fresh envs (seeds 10,000 + episode), observations
-    normalised with the training statistics frozen."""
-    import gymnasium as gym
-    import numpy as np
+    """Mean return of greedy episodes on the very envs daskrl's final evaluation of a run with
+    the same seed plays (``daskrl.algos.evaluation.evaluate_module``, seeded by
+    ``evaluation_seed``), observations normalised with the training statistics frozen."""
+    import torch
     from stable_baselines3.common.vec_env import VecNormalize
 
-    returns = []
-    for episode in range(spec.get("eval_episodes", 10)):
-        single = gym.make(spec["env"])
-        obs, _ = single.reset(seed=10_000 + episode)
-        done, total = False, 0.0
-        while not done:
-            seen = env.normalize_obs(obs[None]) if isinstance(env, VecNormalize) else obs[None]
-            action, _ = model.predict(seen, deterministic=True)
-            obs, reward, term, trunc, _ = single.step(action[0])
-            total += float(reward)
-            done = term or trunc
-        returns.append(total)
-    return float(np.mean(returns))
+    from daskrl.algos.evaluation import evaluate_module
+    from daskrl.core.roles import evaluation_seed
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        seen = obs.numpy()
+        if isinstance(env, VecNormalize):
+            seen = env.normalize_obs(seen)
+        return torch.as_tensor(model.predict(seen, deterministic=True)[0])
+
+    return evaluate_module(spec["env"], act, evaluation_seed(spec["seed"]),
+                           spec.get("eval_episodes", 10))["eval_return_mean"]
 
 
 def main(spec_path: str, out_dir: str) -> None:
@@ -109,6 +108,7 @@ def main(spec_path: str, out_dir: str) -> None:
         train_s = time.perf_counter() - t1
         if curve.returns:
             curve.flush()
+    model.save(out / "model.zip")  # to evaluate again without training again
     summary = {"eval_return_mean": evaluate(model, env, spec), "env_steps": model.num_timesteps,
                "train_s": train_s, "wall_s": time.perf_counter() - t0,
                "env_steps_per_s": model.num_timesteps / train_s, "spec": spec}

@@ -368,9 +368,26 @@ def without_coordinator_state(output: LearnerOutput) -> LearnerOutput:
     return dataclasses.replace(output, coordinator={})
 
 
+EVALUATION_SALT = 10_000
+"""What an evaluate task's seed is drawn with (beside the run's seed and the replica)."""
+
+
+def evaluation_seed(seed: int) -> int:
+    """The seed a run seeded ``seed`` gives its final evaluation (the evaluate task,
+    replica 0): its episodes' envs are seeded from it, so a peer library evaluated with it
+    plays exactly the same episodes.
+
+    Examples
+    --------
+    >>> evaluation_seed(1) == evaluation_seed(1) != evaluation_seed(2)
+    True
+    """
+    return TaskContext("evaluate", seed, 0, 0, 1).replica_seed(EVALUATION_SALT)
+
+
 def evaluate(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput) -> dict[str, float]:
     """Role ``evaluate``: a deterministic evaluation of the given weights on fresh envs."""
-    result = algo.evaluate(learner_in.weights, ctx.replica_seed(10_000))
+    result = algo.evaluate(learner_in.weights, ctx.replica_seed(EVALUATION_SALT))
     expect(result, "evaluate", "the algorithm's evaluate(weights, seed)", dict,
            ("eval_return_mean",))
     return result
