@@ -253,17 +253,38 @@ def graph_setting(text: str) -> tuple[str, Any]:
         return field, value
 
 
-def run_or_read(cmd: Sequence[str], out: Path, may_run: bool = True) -> dict[str, Any]:
+def run_or_read(cmd: Sequence[str], out: Path, may_run: bool = True,
+                files: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``summary.json`` of the run that ``cmd`` trains into ``out``: run it first unless
-    it is already there (a suite resumes where it stopped), noting the load it started at.
+    it is already there from the same command (a suite resumes where it stopped), noting the
+    load it started at. ``files`` (name -> text) are written into ``out`` just before it runs
+    (a peer's spec).
+
+    A folder left by a run that did not finish, or by another command (settings changed
+    since), is emptied and run again, saying so: it holds the suite's own runs only.
 
     Returns ``{"summary": ..., "ran_now": bool, "load_before": ...}``, ``{"missing": True}``
     when not there and ``may_run`` is off, or ``{"error": stderr tail, "command": cmd}``.
     """
+    import shutil
+
+    said = [sys.executable if part == sys.executable else part for part in cmd]
+    stored = out / "command.json"
+    same = ((not stored.is_file() or json.loads(stored.read_text())[1:] == said[1:])
+            and all(not (out / name).is_file() or (out / name).read_text() == text
+                    for name, text in (files or {}).items()))
     ran = False
-    if not (out / "summary.json").is_file():
+    if not (out / "summary.json").is_file() or not same:
         if not may_run:
             return {"missing": True}
+        if out.exists():
+            why = "another command" if not same else "a run that did not finish"
+            print(f"{out}: emptied ({why}), run again", file=sys.stderr)
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        for name, text in (files or {}).items():
+            (out / name).write_text(text)
+        stored.write_text(json.dumps(said))
         load = load_average()
         done = subprocess.run(list(cmd), capture_output=True, text=True, cwd=ROOT)
         if done.returncode or not (out / "summary.json").is_file():

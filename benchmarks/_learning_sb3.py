@@ -34,7 +34,9 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any]:
     lr = kwargs.pop("learning_rate")
     # daskrl anneals linearly to 0 over the run; SB3 calls a schedule with the share of the
     # run remaining (1 -> 0): the same line
-    kwargs["learning_rate"] = (lambda remaining: lr * remaining) if spec.get("anneal_lr") else lr
+    # (a run ends up to one rollout past its budget: no negative rate there)
+    kwargs["learning_rate"] = ((lambda remaining: lr * max(remaining, 0.0))
+                               if spec.get("anneal_lr") else lr)
     policy_kwargs = dict(kwargs.pop("policy_kwargs", {}))
     if "activation" in policy_kwargs:
         name = policy_kwargs.pop("activation")

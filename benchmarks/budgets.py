@@ -41,7 +41,7 @@ GRAPHS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "ppo": ("graphs/ppo.py", 500_000, ()),
     "impala": ("graphs/impala.py", 500_000, ()),
     "a3c": ("graphs/a3c.py", 500_000, ()),
-    "dqn": ("graphs/dqn.py", 100_000, ()),
+    "dqn": ("graphs/dqn.py", 50_000, ()),
     "sac": ("graphs/sac.py", 20_000, ("--env", "Pendulum-v1")),
     "td3": ("graphs/td3.py", 20_000, ("--env", "Pendulum-v1")),
     "mappo": ("graphs/mappo.py", 320_000, ("--env", "simple_spread")),
@@ -71,23 +71,23 @@ def run_one(name: str, budget: int, seed: int, work: Path) -> dict[str, Any]:
                      "load_before": got["load_before"], "ran_now": got["ran_now"]}
 
 
-def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (graph, budget), and whether each budget's median holds against 1x."""
+def summarise(runs: list[dict[str, Any]], bases: dict[str, int]) -> list[dict[str, Any]]:
+    """One row per (graph, budget): the seeds' final evaluations, their median, and whether
+    it holds against the median at ``bases[graph]`` (the 1x budget; no verdict without it)."""
     rows = []
     for name in dict.fromkeys(r["graph"] for r in runs):
-        budgets = sorted({r["budget"] for r in runs if r["graph"] == name})
-        base = None
-        for budget in budgets:
-            mine = sorted((r for r in runs if r["graph"] == name and r["budget"] == budget
-                           and r.get("final_eval") is not None), key=lambda r: r["seed"])
-            if not mine:
-                continue
-            finals = [float(r["final_eval"]) for r in mine]
-            med = median(finals)
-            base = med if base is None else base
-            rows.append({"graph": name, "budget": budget, "multiple": budget / budgets[0],
-                         "seeds": [r["seed"] for r in mine], "final_evals": finals,
-                         "median_final_eval": med, "holds": med >= base,
+        finals: dict[int, list[dict[str, Any]]] = {}
+        for r in sorted(runs, key=lambda r: (r["budget"], r["seed"])):
+            if r["graph"] == name and r.get("final_eval") is not None:
+                finals.setdefault(r["budget"], []).append(r)
+        base = median([float(r["final_eval"]) for r in finals.get(bases[name], [])])
+        for budget, mine in finals.items():
+            evals = [float(r["final_eval"]) for r in mine]
+            med = median(evals)
+            rows.append({"graph": name, "budget": budget, "multiple": budget / bases[name],
+                         "seeds": [r["seed"] for r in mine], "final_evals": evals,
+                         "median_final_eval": med,
+                         "holds": None if base is None or budget == bases[name] else med >= base,
                          "train_return_last_10pct": median(
                              [r["train_return_last_10pct"] for r in mine]),
                          "env_steps_per_s": median([r["env_steps_per_s"] for r in mine])})
@@ -98,7 +98,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table of :func:`summarise`'s rows."""
     body = [[r["graph"], f"{r['budget']:,} ({r['multiple']:g}x)",
              ", ".join(f"{f:.1f}" for f in r["final_evals"]), r["median_final_eval"],
-             "1x" if r["multiple"] == 1 else ("holds" if r["holds"] else "**worse**"),
+             {None: "-", True: "holds", False: "**worse**"}[r["holds"]],
              r["train_return_last_10pct"], r["env_steps_per_s"]] for r in rows]
     return markdown_table(["graph", "steps", "final greedy eval per seed", "median",
                            "vs 1x", "training return, last 10 % (median)",
@@ -127,9 +127,10 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(tempfile.mkdtemp(prefix="daskrl-budgets-"))
         args.graphs, args.seeds, args.work = ["ppo"], [1], tmp / "runs"
         args.json, args.md = tmp / "budgets.json", tmp / "budgets.md"
-        budgets = {"ppo": [2048, 4096]}
+        budgets, bases = {"ppo": [2048, 4096]}, {"ppo": 2048}
     else:
         budgets = {g: [int(GRAPHS[g][1] * m) for m in args.multiples] for g in args.graphs}
+        bases = {g: GRAPHS[g][1] for g in args.graphs}
     jobs = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds]
     loads = [load_average()]
     with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in errors:
         print(json.dumps({k: r.get(k) for k in ("graph", "budget", "seed")}),
               r["error"][-500:], file=sys.stderr)
-    rows = summarise(runs)
+    rows = summarise(runs, bases)
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": rows, "runs": runs})
     update_section(args.md, args.section, table(rows))

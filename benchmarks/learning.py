@@ -6,12 +6,13 @@ Each row trains ``daskrl train GRAPH`` (the embedded cluster, the graph's defaul
 distribution) and its peer -- Stable-Baselines3 with the same settings through
 ``_learning_sb3.py``, or another daskrl run where SB3 has no such algorithm -- for every
 seed. The score of a run is its final greedy evaluation (``summary.json``'s
-``eval_return_mean``, 10 episodes on fresh envs); a row **trails** when daskrl's IQM lies
-below the lower end of the peer's interval, and is **ahead** when daskrl's interval lies wholly
-above the peer's. Runs live under ``--work`` as
-``ROW/SYSTEM-sSEED``; a run whose ``summary.json`` is there is read, not run again, so the
-suite resumes where it stopped, and ``--parallel`` runs go at once (the returns do not depend
-on the load; the speed column does, and says so).
+``eval_return_mean``: 10 episodes on fresh envs, MAPPO 100; SB3 plays the same episodes). A
+row **trails** when daskrl's IQM lies below the lower end of the peer's interval, is **ahead**
+when daskrl's interval lies wholly above the peer's, and **holds** otherwise. Runs live under
+``--work`` as ``ROW/SYSTEM-sSEED``; a run whose ``summary.json`` is there from the same command
+and spec is read, not run again, so the suite resumes where it stopped (a run cut short, or
+one whose settings changed since, runs again), and ``--parallel`` runs go at once (the
+returns of lockstep algorithms do not depend on the load; the speed columns do).
 
     python benchmarks/learning.py                          # every row, seeds 1-5
     python benchmarks/learning.py --rows ppo-cartpole dqn-cartpole --seeds 1 2 3
@@ -48,14 +49,20 @@ from daskrl.sweeps.report import REPS, curve_points, iqm_band, iqm_interval
 
 HERE = Path(__file__).resolve().parent
 
+PPO_VF_SB3 = 0.25
+"""SB3's ``vf_coef`` for daskrl's 0.5 (SB3's value loss is twice daskrl's)."""
+
 PPO_SB3 = {"n_steps": 128, "batch_size": 256, "n_epochs": 4, "learning_rate": 2.5e-4,
            "gamma": 0.99, "gae_lambda": 0.95, "clip_range": 0.2, "clip_range_vf": 0.2,
-           "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5,
+           "ent_coef": 0.01, "vf_coef": PPO_VF_SB3, "max_grad_norm": 0.5,
            "policy_kwargs": {"net_arch": {"pi": [64, 64], "vf": [64, 64]},
                              "activation": "tanh"}}
-"""graphs/ppo.py's defaults in SB3's words: 8 envs x 128 steps, 4 minibatches of 256, CleanRL's
-clipped value loss (SB3 clips the predicted value, ``clip_range_vf``), separate 64x64 tanh
-actor and critic."""
+"""graphs/ppo.py's defaults in SB3's words: 8 envs x 128 steps, 4 minibatches of 256, separate
+64x64 tanh actor and critic. daskrl's value loss is half the squared error (CleanRL's), SB3's
+the whole: SB3's ``vf_coef`` is half daskrl's for the same weight. daskrl clips the value loss
+as CleanRL does (the larger of the clipped and unclipped errors); SB3's ``clip_range_vf`` only
+clips the prediction: the nearest SB3 has, not the same."""
+
 
 
 @dataclass(frozen=True)
@@ -89,13 +96,16 @@ ROWS: dict[str, Row] = {r.name: r for r in (
             "train_freq": 64, "gradient_steps": 128, "exploration_fraction": 0.16,
             "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]}}},
         note="graphs/dqn.py's defaults (RL Zoo's, the rate annealed to 0) without double Q, "
-             "which SB3 lacks; SB3's target update every 10 env steps acts as once per "
+             "which SB3 lacks; SB3's target update every 2 vector steps acts as once per "
              "256-step burst, as daskrl's"),
     Row("sac-pendulum", "SAC", "Pendulum-v1", 20_000, "graphs/sac.py",
         ("--env", "Pendulum-v1"),
-        sb3={"algo": "SAC", "n_envs": 1, "kwargs": {"learning_rate": 1e-3}},
-        note="graphs/sac.py's defaults (CleanRL's, 1e-3 for both networks); SB3's defaults "
-             "with its learning rate at 1e-3"),
+        sb3={"algo": "SAC", "n_envs": 1, "kwargs": {"learning_rate": 1e-3, "train_freq": 200,
+                                                    "gradient_steps": 200}},
+        note="graphs/sac.py's defaults (RL Zoo's Pendulum settings, 1e-3 for every network); "
+             "SB3 collects 200 steps and then takes 200 gradient steps, as a daskrl "
+             "iteration does (SB3's default alternates one and one), with SB3's own "
+             "log-std clamp and temperature loss"),
     Row("impala-cartpole", "IMPALA", "CartPole-v1", 500_000, "graphs/impala.py",
         peer="SB3 PPO", peer_row="ppo-cartpole",
         note="graphs/impala.py's defaults; neither SB3 nor CleanRL has IMPALA, so the peer is "
@@ -132,7 +142,7 @@ ROWS: dict[str, Row] = {r.name: r for r in (
          "--no-clip-vloss"),
         sb3={"algo": "PPO", "n_envs": 16, "kwargs": {
             "n_steps": 1024, "batch_size": 64, "n_epochs": 4, "learning_rate": 3e-4,
-            "gamma": 0.999, "gae_lambda": 0.98, "ent_coef": 0.01,
+            "gamma": 0.999, "gae_lambda": 0.98, "ent_coef": 0.01, "vf_coef": PPO_VF_SB3,
             "policy_kwargs": {"net_arch": {"pi": [64, 64], "vf": [64, 64]},
                               "activation": "tanh"}}},
         note="RL Zoo's LunarLander settings in both"),
@@ -161,17 +171,17 @@ def run_dir(work: Path, row: Row, system: str, seed: int) -> Path:
     return work / row.name / f"{system}-s{seed}"
 
 
-def command(row: Row, system: str, seed: int, steps: int, out: Path) -> list[str]:
-    """The process that trains one run into ``out``."""
+def command(row: Row, system: str, seed: int, steps: int, out: Path
+            ) -> tuple[list[str], dict[str, str]]:
+    """The process that trains one run into ``out``, and the files it reads there (an SB3
+    peer's spec)."""
     if system == "peer" and row.sb3:
         spec = {**row.sb3, "env": row.env, "steps": steps, "seed": seed}
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "spec.json").write_text(json.dumps(spec, indent=1))
-        return [sys.executable, str(HERE / "_learning_sb3.py"), str(out / "spec.json"),
-                str(out)]
+        return ([sys.executable, str(HERE / "_learning_sb3.py"), str(out / "spec.json"),
+                 str(out)], {"spec.json": json.dumps(spec, indent=1)})
     flags = row.flags if system == "daskrl" else row.peer_flags
     return [sys.executable, "-m", "daskrl", "train", row.graph, *flags, "--steps", str(steps),
-            "--seed", str(seed), "--no-progress", "--out", str(out)]
+            "--seed", str(seed), "--no-progress", "--out", str(out)], {}
 
 
 def run_one(row: Row, system: str, seed: int, steps: int, work: Path, may_run: bool
@@ -181,7 +191,8 @@ def run_one(row: Row, system: str, seed: int, steps: int, work: Path, may_run: b
         row = ROWS[row.peer_row]
     out = run_dir(work, row, system, seed)
     record: dict[str, Any] = {"row": row.name, "system": system, "seed": seed, "dir": str(out)}
-    got = run_or_read(command(row, system, seed, steps, out), out, may_run)
+    cmd, files = command(row, system, seed, steps, out)
+    got = run_or_read(cmd, out, may_run, files)
     if "summary" not in got:
         return record | got
     return record | {"final_eval": got["summary"].get("eval_return_mean"),
@@ -243,16 +254,18 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
             f"{os.cpu_count()} CPUs, {args.parallel} runs at once" if loads else "")
     curves = args.json.with_name(f"{args.json.stem}_curves.png")
     where = curves.relative_to(args.md.parent) if curves.is_relative_to(args.md.parent) else curves
-    lines = [table(summary), "", f"Seeds {', '.join(map(str, args.seeds))}; {load}. "
-             "Speed columns are medians over the seeds of runs that shared the cores, so "
-             "compare them within a row only.", ""]
-    lines += [f"- **{r.algo} {r.env}** ({r.steps:,} steps): {r.note}." for r in rows]
+    lines = [table(summary), "", f"Seeds {', '.join(map(str, args.seeds))}"
+             f"{'; ' + load if load else ''}. Speed columns are medians over the seeds of runs "
+             "that shared the cores, so compare them within a row only.", ""]
+    lines += [f"- **{r.algo} {r.env}** ({s['steps']:,} steps): {r.note}."
+              for r, s in zip(rows, summary, strict=True)]
     lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
     return "\n".join(lines)
 
 
-def plot(rows: list[Row], work: Path, path: Path) -> None:
-    """Training-return curves (IQM over seeds, 95 % bootstrap bands), one panel per row."""
+def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> None:
+    """Training-return curves (IQM over the seeds that finished, 95 % bootstrap bands), one
+    panel per row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -263,13 +276,14 @@ def plot(rows: list[Row], work: Path, path: Path) -> None:
                              figsize=(4 * cols, 3 * math.ceil(len(rows) / cols)))
     for ax, row in zip(axes.flat, rows, strict=False):
         for system, label in (("daskrl", "daskrl"), ("peer", row.peer)):
-            dirs = sorted((work / (row.peer_row or row.name if system == "peer" else row.name)
-                           ).glob(f"{system}-s*"))
+            name = row.peer_row or row.name if system == "peer" else row.name
+            dirs = [Path(r["dir"]) for r in runs if r["row"] == name
+                    and r["system"] == system and r.get("final_eval") is not None]
             curve = curve_points(dirs)
             if curve is None:
                 continue
             iqm, low, high = iqm_band(curve[1])
-            ax.plot(curve[0], iqm, label=f"{label} ({len(dirs)})")
+            ax.plot(curve[0], iqm, label=f"{label} ({len(curve[1])})")
             ax.fill_between(curve[0], low, high, alpha=0.25)
         ax.set_title(f"{row.algo} {row.env}", fontsize=9)
         ax.set_xlabel("env steps", fontsize=8)
@@ -313,8 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
         def one(job: tuple[Row, str, int]) -> dict[str, Any]:
             row, system, seed = job
-            budget = steps.get(row.peer_row or row.name, row.steps) if system == "peer" else (
-                steps[row.name])
+            shared = row.peer_row if system == "peer" and row.peer_row else row.name
+            budget = steps.get(shared, ROWS[shared].steps)
             result = run_one(row, system, seed, budget, args.work, not args.no_run)
             bar.set_postfix_str(f"{row.name} {system} s{seed}: {result.get('final_eval')}")
             bar.update()
@@ -329,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": summary, "runs": runs})
     update_section(args.md, args.section, page(summary, rows, runs, args))
-    plot(rows, args.work, args.json.with_name(f"{args.json.stem}_curves.png"))
+    plot(rows, runs, args.json.with_name(f"{args.json.stem}_curves.png"))
     print(table(summary))
     if errors:
         raise SystemExit(f"{len(errors)} run(s) failed")
