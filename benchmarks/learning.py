@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
         args.rows, args.seeds, args.work = list(QUICK_STEPS), [1, 2], tmp / "runs"
         args.json, args.md, steps = tmp / "learning.json", tmp / "learning.md", QUICK_STEPS
     rows = [ROWS[name] for name in args.rows]
-    jobs = [(row, system, seed) for row in rows for seed in args.seeds
+    # seed by seed: a suite cut short has every row's first seeds, not some rows' all
+    jobs = [(row, system, seed) for seed in args.seeds for row in rows
             for system in ("daskrl", "peer") if not (system == "peer" and row.peer_row
                                                      and row.peer_row in args.rows)]
     loads = [load_average()]
