@@ -236,11 +236,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     def speed(entry: dict[str, Any]) -> str:
         return f"{entry['env_steps_per_s']:,.0f}" if "env_steps_per_s" in entry else "-"
 
-    body = [[r["algo"], r["env"], f"{r['steps']:,}", f"{len(r['daskrl']['finals'])}",
+    body = [[r["algo"], r["env"], f"{r['steps']:,}",
+             f"{len(r['daskrl']['finals'])} / {len(r['peer']['finals'])}",
              cell(r["daskrl"]), r["peer_name"], cell(r["peer"]),
              {"trails": "**trails**"}.get(r.get("verdict", "-"), r.get("verdict", "-")),
              speed(r["daskrl"]), speed(r["peer"])] for r in rows]
-    return markdown_table(["algorithm", "env", "steps", "seeds", "daskrl IQM [95 % CI]",
+    return markdown_table(["algorithm", "env", "steps", "seeds (daskrl / peer)",
+                           "daskrl IQM [95 % CI]",
                            "peer", "peer IQM [95 % CI]", "vs peer", "daskrl env-steps/s",
                            "peer env-steps/s"], body, align="lllrrlrlrr")
 
@@ -254,7 +256,8 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
             f"{os.cpu_count()} CPUs, {args.parallel} runs at once" if loads else "")
     curves = args.json.with_name(f"{args.json.stem}_curves.png")
     where = curves.relative_to(args.md.parent) if curves.is_relative_to(args.md.parent) else curves
-    lines = [table(summary), "", f"Seeds {', '.join(map(str, args.seeds))}"
+    lines = [table(summary), "", f"Seeds asked: {', '.join(map(str, args.seeds))} (a row with "
+             "fewer was cut short: the same command goes on from where it stopped)"
              f"{'; ' + load if load else ''}. Speed columns are medians over the seeds of runs "
              "that shared the cores, so compare them within a row only.", ""]
     lines += [f"- **{r.algo} {r.env}** ({s['steps']:,} steps): {r.note}."
