@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("rliable", reason="the suite's intervals need rliable (the sweep or bench extra)")
+pytest.importorskip("rliable", reason="the intervals need rliable (the sweep or bench extra)")
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
