@@ -294,3 +294,19 @@ def run_or_read(cmd: Sequence[str], out: Path, may_run: bool = True,
     load_file = out / "load_before.json"
     return {"summary": json.loads((out / "summary.json").read_text()), "ran_now": ran,
             "load_before": json.loads(load_file.read_text()) if load_file.is_file() else None}
+
+
+def run_all(jobs: Sequence[Any], run: Any, parallel: int, describe: Any) -> list[Any]:
+    """``run(job)`` for each of ``jobs``, ``parallel`` at once, under a progress bar whose note
+    is ``describe(job, result)`` of the last one finished; the results in the jobs' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
+        def one(job: Any) -> Any:
+            result = run(job)
+            bar.set_postfix_str(describe(job, result))
+            bar.update()
+            return result
+        return list(pool.map(one, jobs))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,11 @@ from _common import (
     machine_info,
     markdown_table,
     median,
+    run_all,
     run_or_read,
     update_section,
     write_json,
 )
-from tqdm import tqdm
 
 from daskrl.observe.plot import read_metrics
 
@@ -133,13 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         bases = {g: GRAPHS[g][1] for g in args.graphs}
     jobs = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds]
     loads = [load_average()]
-    with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
-        def one(job: tuple[str, int, int]) -> dict[str, Any]:
-            result = run_one(*job, args.work)
-            bar.set_postfix_str(f"{job[0]} {job[1]:,} s{job[2]}: {result.get('final_eval')}")
-            bar.update()
-            return result
-        runs = list(pool.map(one, jobs))
+    runs = run_all(jobs, lambda job: run_one(*job, args.work), args.parallel,
+                   lambda job, result: f"{job[0]} {job[1]:,} s{job[2]}: {result.get('final_eval')}")
     loads.append(load_average())
     errors = [r for r in runs if r.get("error")]
     for r in errors:

@@ -28,7 +28,6 @@ import math
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,11 +38,11 @@ from _common import (
     load_average,
     machine_info,
     markdown_table,
+    run_all,
     run_or_read,
     update_section,
     write_json,
 )
-from tqdm import tqdm
 
 from daskrl.sweeps.report import REPS, curve_points, iqm_band, iqm_interval
 
@@ -328,16 +327,14 @@ def main(argv: list[str] | None = None) -> None:
             for system in ("daskrl", "peer") if not (system == "peer" and row.peer_row
                                                      and row.peer_row in args.rows)]
     loads = [load_average()]
-    with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run") as bar:
-        def one(job: tuple[Row, str, int]) -> dict[str, Any]:
-            row, system, seed = job
-            shared = row.peer_row if system == "peer" and row.peer_row else row.name
-            budget = steps.get(shared, ROWS[shared].steps)
-            result = run_one(row, system, seed, budget, args.work, not args.no_run)
-            bar.set_postfix_str(f"{row.name} {system} s{seed}: {result.get('final_eval')}")
-            bar.update()
-            return result
-        runs = list(pool.map(one, jobs))
+    def one(job: tuple[Row, str, int]) -> dict[str, Any]:
+        row, system, seed = job
+        shared = row.peer_row if system == "peer" and row.peer_row else row.name
+        return run_one(row, system, seed, steps.get(shared, ROWS[shared].steps), args.work,
+                       not args.no_run)
+
+    runs = run_all(jobs, one, args.parallel, lambda job, result: (
+        f"{job[0].name} {job[1]} s{job[2]}: {result.get('final_eval')}"))
     loads.append(load_average())
     errors = [r for r in runs if r.get("error")]
     for r in errors:
