@@ -310,3 +310,14 @@ def run_all(jobs: Sequence[Any], run: Any, parallel: int, describe: Any) -> list
             bar.update()
             return result
         return list(pool.map(one, jobs))
+
+
+def late_return(out: Path, share: float = 0.1) -> float | None:
+    """Mean training return (``episode_return_mean``) over the last ``share`` of a run's
+    iterations that finished episodes; None when none did."""
+    from daskrl.observe.metrics import iteration_rows
+
+    returns = [float(r["episode_return_mean"]) for r in iteration_rows(out)
+               if r.get("episode_return_mean")]
+    tail = returns[-max(1, int(len(returns) * share)):]
+    return sum(tail) / len(tail) if tail else None

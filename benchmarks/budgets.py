@@ -23,6 +23,7 @@ from typing import Any
 
 from _common import (
     ROOT,
+    late_return,
     load_average,
     machine_info,
     markdown_table,
@@ -32,8 +33,6 @@ from _common import (
     update_section,
     write_json,
 )
-
-from daskrl.observe.plot import read_metrics
 
 HERE = Path(__file__).resolve().parent
 GRAPHS: dict[str, tuple[str, int, tuple[str, ...]]] = {
@@ -59,13 +58,8 @@ def run_one(name: str, budget: int, seed: int, work: Path) -> dict[str, Any]:
     got = run_or_read(cmd, out)
     if "summary" not in got:
         return record | got
-    cols = read_metrics(out)
-    returns = [r for it, r in zip(cols.get("iteration", []),
-                                  cols.get("episode_return_mean", []), strict=False)
-               if it == it and r == r]  # rows of iterations with episodes (NaN != NaN)
-    tail = returns[-max(1, len(returns) // 10):]
     return record | {"final_eval": got["summary"].get("eval_return_mean"),
-                     "train_return_last_10pct": sum(tail) / len(tail) if tail else None,
+                     "train_return_last_10pct": late_return(out),
                      "env_steps_per_s": got["summary"].get("env_steps_per_s"),
                      "load_before": got["load_before"], "ran_now": got["ran_now"]}
 

@@ -18,7 +18,6 @@ sweep resumes), and two runs go at once (``--parallel``).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from typing import Any
 
 from _common import (
     ROOT,
+    late_return,
     load_average,
     machine_info,
     markdown_table,
@@ -66,13 +66,9 @@ def run_one(setting: str, budget: int, seed: int, work: Path) -> dict[str, Any]:
     if "summary" not in got:
         return {"setting": setting, "budget": budget, "seed": seed, "command": cmd,
                 "error": got["error"]}
-    with (out / "metrics.csv").open(newline="") as fh:
-        returns = [float(r["episode_return_mean"]) for r in csv.DictReader(fh)
-                   if r.get("iteration") and r.get("episode_return_mean")]
-    tail = returns[-max(1, len(returns) // 10):]
     return {"setting": setting, "budget": budget, "seed": seed, "command": cmd,
             "ran_now": got["ran_now"], "final_eval": got["summary"].get("eval_return_mean"),
-            "train_return_last_10pct": sum(tail) / len(tail) if tail else None,
+            "train_return_last_10pct": late_return(out),
             "env_steps_per_s": got["summary"].get("env_steps_per_s"),
             "load_before": got["load_before"]}
 

@@ -123,7 +123,7 @@ def since_last_switch(columns: Mapping[str, Sequence[float]],
     """``metrics.csv``'s columns from the first iteration under the run's current
     distribution: the rows before its last switch (a re-plan whose moves begin with
     ``--distribution``) measured another one. Rows without an iteration (evaluations) go
-    with the iterations around them.
+    with the iteration before them.
 
     Examples
     --------
