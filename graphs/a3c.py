@@ -47,8 +47,10 @@ class Config:
     norm_adv: bool = setting("normalise advantages per gradient", False)
     hidden: int = setting("hidden units in each of the two layers", 64)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
-    compile: bool = setting("differentiate a torch.compile-d loss (inductor's on-disk cache, in "
-                            "$TORCHINDUCTOR_CACHE_DIR, spares later runs the compile)", False)
+    compile: bool = setting(
+        "compile each whole gradient step (loss, gradients, clip and Adam step) with "
+        "torch.compile: the first step compiles (seconds; inductor's on-disk cache in "
+        "$TORCHINDUCTOR_CACHE_DIR spares later runs most of it)", False)
 
     def hyper(self) -> A2CHyper:
         """The loss and optimiser settings."""

@@ -68,6 +68,11 @@ class Config:
     save_replay: bool = setting("checkpoint the replay's contents (off: a resumed run starts "
                                 "with an empty buffer)", True)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
+    compile: bool = setting(
+        "compile each whole gradient step (Q and its target, the loss, its gradients, the "
+        "clip and the Adam step) with torch.compile: the first step compiles (seconds; "
+        "inductor's on-disk cache in $TORCHINDUCTOR_CACHE_DIR spares later runs most of it)",
+        False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
     env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "
@@ -85,7 +90,8 @@ class Config:
             prioritized_replay=self.prioritized_replay,
             prioritized_replay_alpha=self.prioritized_replay_alpha,
             prioritized_replay_beta=self.prioritized_replay_beta,
-            max_grad_norm=self.max_grad_norm, save_replay=self.save_replay)
+            max_grad_norm=self.max_grad_norm, save_replay=self.save_replay,
+            compile=self.compile)
 
 
 def make_learner(config: Config, obs_dim: int, num_actions: int, seed: int, device: str

@@ -79,8 +79,10 @@ class Config:
     bootstrap_truncated: bool = setting("bootstrap values at the max_cycles cut (default: the "
                                       "cut is terminal, as MAPPO on MPE)", False)
     hidden: int = setting("hidden units in each of the two layers", 64)
-    compile: bool = setting("differentiate a torch.compile-d loss (about 10 % faster update "
-                            "steps on a CPU after a compile of 10-80 s: long runs only)", False)
+    compile: bool = setting(
+        "compile each whole gradient step (loss, gradients, clip and Adam step) with "
+        "torch.compile: the first step compiles (seconds; inductor's on-disk cache in "
+        "$TORCHINDUCTOR_CACHE_DIR spares later runs most of it)", False)
     device: str = setting("auto (a GPU when the task holds one), cpu, or cuda (actors fail "
                         "on a worker without one)", "auto")
     eval_episodes: int = setting("episodes in the final evaluation", 100)

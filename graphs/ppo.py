@@ -68,8 +68,10 @@ class Config:
     max_grad_norm: float = setting("gradient-norm clip", 0.5)
     hidden: int = setting("hidden units in each of the two layers", 64)
     eval_episodes: int = setting("greedy episodes in the final evaluation", 10)
-    compile: bool = setting("differentiate a torch.compile-d loss (inductor's on-disk cache, in "
-                            "$TORCHINDUCTOR_CACHE_DIR, spares later runs the compile)", False)
+    compile: bool = setting(
+        "compile each whole gradient step (loss, gradients, clip and Adam step) with "
+        "torch.compile: the first step compiles (seconds; inductor's on-disk cache in "
+        "$TORCHINDUCTOR_CACHE_DIR spares later runs most of it)", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
     env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "

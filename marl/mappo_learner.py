@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from daskrl.algos.compiled_step import compilable_adam
 from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import ppo_loss
-from daskrl.algos.offpolicy import optimizer_state
+from daskrl.algos.offpolicy import load_optimizer_state, optimizer_state
 from daskrl.algos.ppo import explained_variance
 from daskrl.algos.seeding import seeded_init
 from daskrl.core.algorithm import UpdatePlan
@@ -59,9 +60,10 @@ class MAPPOHyper:
     trained_teams : tuple of str or None
         Teams to train (None: all).
     compile : bool
-        Differentiate a ``torch.compile``-d loss (the team forward passes and PPO losses,
-        their backward compiled with them): inductor fuses the element-wise work around the
-        matrix products; on one CPU core an update step at 32k agent samples took 48-50 ms
+        Compile each whole gradient step: the team forward passes and PPO losses, their
+        gradients, the clips and the Adam step
+        (:meth:`~daskrl.algos.gradient_update.GradientUpdate.compile_steps`). With the loss
+        alone compiled, on one CPU core an update step at 32k agent samples took 48-50 ms
         instead of 52-55 ms, after a compile of 11 s (80 s without inductor's on-disk cache,
         ``benchmarks/mappo_scale.md``). It pays in long runs only.
     """
@@ -184,14 +186,15 @@ class MAPPOLearner(GradientUpdate):
                 raise ValueError("no team to train: leave at least one team out of random_teams")
             self.groups = self.model.parameter_groups(self.teams)
             self.params = [p for g in self.groups for p in g]
-            self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
-                                              fused=True)
             self.generator = torch.Generator().manual_seed(seed)
-            self._losses = self.team_losses
             if hp.compile:
                 for net in [*self.model.actors, *self.model.critics]:
                     swap_tanh(net, nn.Tanh)  # inductor's own tanh is fast; no custom backward
-                self._losses = torch.compile(self.team_losses)
+                self.compile_steps()
+                self.optimizer = compilable_adam(self.params, hp.learning_rate, eps=1e-5)
+            else:
+                self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
+                                                  fused=True)
 
     def update_plan(self) -> UpdatePlan:
         """``update_epochs * num_minibatches`` steps, after merging :meth:`statistics`."""
@@ -268,9 +271,16 @@ class MAPPOLearner(GradientUpdate):
         self._cpu += time.thread_time() - cpu0
         return out
 
+    def train_step(self, minibatch: dict[str, Any]) -> dict[str, float]:
+        """One gradient step (its CPU time counted in ``update_cpu_s``)."""
+        cpu0 = time.thread_time()
+        out = super().train_step(minibatch)
+        self._cpu += time.thread_time() - cpu0
+        return out
+
     def step_loss(self, minibatch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """:meth:`team_losses` of the minibatch (compiled when ``hp.compile``)."""
-        return self._losses(minibatch["obs"], minibatch["actions"], minibatch["teams"])
+        """:meth:`team_losses` of the minibatch."""
+        return self.team_losses(minibatch["obs"], minibatch["actions"], minibatch["teams"])
 
     def step_metrics(self, parts: Tensor) -> dict[str, float]:
         """Each trained team's :data:`PARTS`, as ``losses/<part>/<team>``."""
@@ -286,7 +296,7 @@ class MAPPOLearner(GradientUpdate):
                     ) -> tuple[Tensor, Tensor]:
         """The sum of the trained teams' PPO losses on a minibatch, and each team's
         :data:`PARTS` (``[teams, 5]``, detached): what :meth:`compute_gradients`
-        differentiates (compiled when ``hp.compile``)."""
+        differentiates."""
         hp, model = self.hp, self.model
         loss = torch.zeros((), device=obs.device)
         parts = []
@@ -328,7 +338,9 @@ class MAPPOLearner(GradientUpdate):
             metrics[f"return_mean/{name}"] = total / count if count else float("nan")
         update_s = time.time() - self._t0
         rollout_s = max(s["t_end"] - s["t_start"] for s in batch_stats)
-        metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        metrics["charts/learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
+        if self.compile_s is not None:
+            metrics["compile_s"] = self.compile_s
         # update_cpu_s: this thread's CPU time in the update's own work (minibatches,
         # gradients, steps). Apart from other jobs' load, update_s - update_cpu_s is time spent
         # waiting between steps: in data-parallel, for the other replicas' gradients.
@@ -362,5 +374,5 @@ class MAPPOLearner(GradientUpdate):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.generator.set_state(state["generator"])

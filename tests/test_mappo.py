@@ -237,7 +237,7 @@ def test_docstring_examples_run(module):
 
 
 @pytest.mark.slow  # the compile takes 10-80 s on one core
-def test_compiled_loss_gives_the_eager_update():
+def test_compiled_step_gives_the_eager_update():
     batch = MAPPOActor(TAG, ModelSpec(), RolloutSpec(), 16, seed=1)
     learners = [MAPPOLearner(layout_of(TAG), ModelSpec(),
                              MAPPOHyper(update_epochs=2, num_minibatches=2, compile=c), seed=0)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from daskrl.algos import losses
 from daskrl.algos.actor_critic import VecEnvActor
 from daskrl.algos.env_runner import NO_COST, StepCost
-from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors, compiled
+from daskrl.algos.learner import ActorCriticLearner, Minibatch, batch_tensors
 from daskrl.algos.ppo import PPOHyper
 
 
@@ -138,9 +138,8 @@ class A2CLearner(ActorCriticLearner):
         base = PPOHyper(learning_rate=self.a2c.learning_rate, anneal_lr=self.a2c.anneal_lr,
                         max_grad_norm=self.a2c.max_grad_norm, update_epochs=1,
                         num_minibatches=1)
-        super().__init__(obs_dim, num_actions, seed, hidden, base, device, network=network)
+        super().__init__(obs_dim, num_actions, seed, hidden, base, device, compile, network)
         self.parts = losses.A2C_PARTS
-        self.loss = compiled(self._loss) if compile else self._loss
 
     def _loss(self, mb: Minibatch) -> tuple[Tensor, Tensor]:
         return a2c_loss(self.net, mb, self.a2c)
@@ -152,7 +151,3 @@ class A2CLearner(ActorCriticLearner):
         self._merge_later(batches, statistics)
         self._data = batch_tensors(batches, self.device)
         return [self._data]
-
-    def compute_gradients(self, minibatch: Minibatch) -> tuple[list[Tensor], dict[str, float]]:
-        """:func:`a2c_gradients` of the learner's network (what the actors compute too)."""
-        return a2c_gradients(self.loss, self.params, minibatch)

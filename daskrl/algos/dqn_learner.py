@@ -22,12 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from daskrl.algos.compiled_step import CompiledStep, compilable_adam
 from daskrl.algos.gradient_update import annealed_lr, set_learning_rate
 from daskrl.algos.offpolicy import (
     TensorMeans,
     adam,
     as_tensors,
     cpu_copy,
+    load_optimizer_state,
     minibatches,
     optimizer_state,
     polyak_,
@@ -62,6 +64,21 @@ class DQNHyper:
     prioritized_replay_beta: float = 0.4
     max_grad_norm: float = 10.0
     save_replay: bool = True
+    compile: bool = False
+
+
+def huber(q: Tensor, target_q: Tensor, weights: Tensor | None = None) -> Tensor:
+    """DQN's loss: the mean Huber loss of ``q`` to ``target_q``, each term weighted by its
+    importance weight when ``weights`` (prioritised replay).
+
+    Examples
+    --------
+    >>> huber(torch.tensor([0.0, 3.0]), torch.zeros(2)).item()
+    1.25
+    """
+    if weights is None:
+        return F.smooth_l1_loss(q, target_q)
+    return (weights * F.smooth_l1_loss(q, target_q, reduction="none")).mean()
 
 
 def linear_schedule(start: float, end: float, fraction: float, progress: float) -> float:
@@ -103,7 +120,14 @@ class DQNLearner(ReplayLearner):
             self.net = QNetwork(obs_dim, num_actions, hidden).to(device)
             self.target = copy.deepcopy(self.net)
             self.params = list(self.net.parameters())
-            self.optimizer = adam(self.params, hyper.learning_rate)
+            self.compiled: CompiledStep | None = None
+            """The whole gradient step compiled (``hyper.compile``), else None."""
+            if hyper.compile:
+                self.compiled = CompiledStep(self._fit)
+                self.optimizer: torch.optim.Optimizer = compilable_adam(self.params,
+                                                                        hyper.learning_rate)
+            else:
+                self.optimizer = adam(self.params, hyper.learning_rate)
 
     def schedule(self, progress: float) -> dict[str, float]:
         """Epsilon at ``progress`` (carried to the actors by the weights) and the learning
@@ -145,6 +169,11 @@ class DQNLearner(ReplayLearner):
                 targets = (None if h.double_q else mb["rewards"][start:stop]
                            + mb["discounts"][start:stop] * next_target.max(-1).values)
             for i in range(start, stop):
+                if self.compiled is not None:
+                    self._compiled_step(mb["obs"][i], mb["next_obs"][i], mb["actions"][i],
+                                        mb["rewards"][i], mb["discounts"][i],
+                                        next_target[i - start], None, means)
+                    continue
                 if targets is None:
                     q, target_q = q_and_target(
                         self.net, mb["obs"][i], mb["next_obs"][i], mb["actions"][i],
@@ -223,6 +252,10 @@ class DQNLearner(ReplayLearner):
         b = as_tensors(sample, (*FIELDS, "weights"), self.device)
         with torch.no_grad():
             next_target = self.target(b["next_obs"])
+        if self.compiled is not None:
+            td = self._compiled_step(b["obs"], b["next_obs"], b["actions"], b["rewards"],
+                                     b["discounts"], next_target, b["weights"], means)
+            return td.cpu().numpy().astype(np.float64)
         q, target_q = q_and_target(self.net, b["obs"], b["next_obs"], b["actions"],
                                    b["rewards"], b["discounts"], next_target,
                                    self.hyper.double_q)
@@ -232,10 +265,7 @@ class DQNLearner(ReplayLearner):
     def _step(self, q: Tensor, target_q: Tensor, weights: Tensor | None,
               means: TensorMeans | None) -> None:
         """Huber loss (importance-weighted when ``weights``), backward, clip, Adam."""
-        if weights is None:
-            loss = F.smooth_l1_loss(q, target_q)
-        else:
-            loss = (weights * F.smooth_l1_loss(q, target_q, reduction="none")).mean()
+        loss = huber(q, target_q, weights)
         self.optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(self.params, self.hyper.max_grad_norm, foreach=True)
@@ -244,6 +274,38 @@ class DQNLearner(ReplayLearner):
         if means is not None:
             means.add("td_loss", loss)
             means.add("q_values", q)  # averaged at the end: one op less per step
+
+    def _fit(self, obs: Tensor, next_obs: Tensor, actions: Tensor, rewards: Tensor,
+             discounts: Tensor, next_target: Tensor, weights: Tensor | None
+             ) -> tuple[Tensor, Tensor, Tensor]:
+        """The whole gradient step (what :attr:`compiled` compiles): Q and its target, the
+        Huber loss, its gradients, the clip and the Adam step; returns the loss, the mean Q
+        and the |TD errors| (taken before the step, as :meth:`_step` callers do)."""
+        q, target_q = q_and_target(self.net, obs, next_obs, actions, rewards, discounts,
+                                   next_target, self.hyper.double_q)
+        loss = huber(q, target_q, weights)
+        with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
+            loss_value, q_mean, td = loss.clone(), q.mean(), (target_q - q).abs()
+        grads = torch.autograd.grad(loss, self.params)
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+        nn.utils.clip_grad_norm_(self.params, self.hyper.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        return loss_value, q_mean, td
+
+    def _compiled_step(self, obs: Tensor, next_obs: Tensor, actions: Tensor, rewards: Tensor,
+                       discounts: Tensor, next_target: Tensor, weights: Tensor | None,
+                       means: TensorMeans | None) -> Tensor:
+        """:attr:`compiled` on one minibatch, counted and recorded as :meth:`_step`; returns
+        the |TD errors|."""
+        assert self.compiled is not None
+        loss, q_mean, td = self.compiled(obs, next_obs, actions, rewards, discounts,
+                                         next_target, weights)
+        self.gradient_steps += 1
+        if means is not None:
+            means.add("td_loss", loss)
+            means.add("q_values", q_mean)  # equal minibatches: the mean of means is the mean
+        return td
 
     def sync_target(self) -> None:
         """Copy (``tau = 1``) or move (Polyak, ``tau < 1``) the target towards the network."""
@@ -264,4 +326,4 @@ class DQNLearner(ReplayLearner):
         """Restore what :meth:`model_state` gave."""
         self.net.load_state_dict(state["model"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])

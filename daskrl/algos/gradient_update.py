@@ -12,6 +12,11 @@ its statistics folded in), :meth:`~GradientUpdate.step_loss` (the scalar loss an
 of one minibatch), :meth:`~GradientUpdate.step_metrics` (the parts named),
 :meth:`~GradientUpdate.finish_update`, and optionally :meth:`~GradientUpdate.clip_groups`
 (parameters clipped together) and :meth:`~GradientUpdate.stop_early`.
+
+With :meth:`GradientUpdate.compile_steps` a whole gradient step (the loss, its gradients,
+the clip and the optimiser step) is one compiled function
+(:class:`~daskrl.algos.compiled_step.CompiledStep`); its optimiser is then
+:func:`~daskrl.algos.compiled_step.compilable_adam`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from daskrl.algos.compiled_step import CompiledStep
 
 
 def annealed_lr(base: float, anneal: bool, progress: float) -> float:
@@ -36,9 +43,21 @@ def annealed_lr(base: float, anneal: bool, progress: float) -> float:
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Give every parameter group of ``optimizer`` the step size ``lr``."""
+    """Give every parameter group of ``optimizer`` the step size ``lr`` (in place where it
+    is a tensor, as a compiled step reads it: a float would be a constant of the graph).
+
+    Examples
+    --------
+    >>> from daskrl.algos.compiled_step import compilable_adam
+    >>> opt = compilable_adam(torch.nn.Linear(2, 1).parameters(), 1e-3)
+    >>> set_learning_rate(opt, 5e-4); float(opt.param_groups[0]["lr"])
+    0.0005
+    """
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 class GradientUpdate(ABC):
@@ -76,6 +95,8 @@ class GradientUpdate(ABC):
     params: list[Tensor]
     optimizer: torch.optim.Optimizer
     hp: Any
+    compiled_steps: dict[str, CompiledStep] | None = None
+    """The compiled step functions, set by :meth:`compile_steps` (None: eager)."""
 
     # ----------------------------------------------------------- what a learner says
     @abstractmethod
@@ -115,10 +136,49 @@ class GradientUpdate(ABC):
         set_learning_rate(self.optimizer, lr)
         return {"charts/learning_rate": lr}
 
+    def compile_steps(self) -> None:
+        """Compile the gradient step: :meth:`train_step` (the loss, ``torch.autograd.grad``,
+        the clip and the optimiser step) as one function, and the two halves data-parallel
+        replicas call apart (:meth:`compute_gradients`, :meth:`apply_gradients`); see
+        :mod:`daskrl.algos.compiled_step`. Call it before the optimiser is built: that must
+        be :func:`~daskrl.algos.compiled_step.compilable_adam`."""
+        self.compiled_steps = {"step": CompiledStep(self._whole_step),
+                               "grads": CompiledStep(self._loss_and_grads),
+                               "apply": CompiledStep(self._clip_and_step)}
+
+    @property
+    def compile_s(self) -> float | None:
+        """Seconds the compiled functions' first calls took, compile included (None when
+        eager or none ran yet)."""
+        firsts = [s.first_s for s in (self.compiled_steps or {}).values()
+                  if s.first_s is not None]
+        return sum(firsts) if firsts else None
+
+    def _call(self, name: str, eager: Any, *args: Any) -> Any:
+        """``eager(*args)``, or its compiled twin after :meth:`compile_steps`."""
+        if self.compiled_steps is None:
+            return eager(*args)
+        return self.compiled_steps[name](*args)
+
+    def _loss_and_grads(self, minibatch: Any) -> tuple[tuple[Tensor, ...], Tensor]:
+        loss, parts = self.step_loss(minibatch)
+        return torch.autograd.grad(loss, self.params), parts
+
+    def _clip_and_step(self, grads: list[Tensor]) -> None:
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g.to(p.device)
+        for group in self.clip_groups():
+            torch.nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
+        self.optimizer.step()
+
+    def _whole_step(self, minibatch: Any) -> Tensor:
+        grads, parts = self._loss_and_grads(minibatch)
+        self._clip_and_step(list(grads))
+        return parts
+
     def compute_gradients(self, minibatch: Any) -> tuple[list[Tensor], dict[str, float]]:
         """The loss gradient of every parameter (autograd), and the loss parts."""
-        loss, parts = self.step_loss(minibatch)
-        grads = torch.autograd.grad(loss, self.params)
+        grads, parts = self._call("grads", self._loss_and_grads, minibatch)
         return list(grads), self.step_metrics(parts)
 
     def apply_gradients(self, grads: list[Tensor]) -> None:
@@ -126,20 +186,21 @@ class GradientUpdate(ABC):
         optimiser step."""
         if len(grads) != len(self.params):
             raise ValueError(f"got {len(grads)} gradients for {len(self.params)} parameters")
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g.to(p.device)
-        for group in self.clip_groups():
-            torch.nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        self._call("apply", self._clip_and_step, list(grads))
+
+    def train_step(self, minibatch: Any) -> dict[str, float]:
+        """One gradient step on ``minibatch`` (:meth:`compute_gradients` then
+        :meth:`apply_gradients`, in one compiled function after :meth:`compile_steps`);
+        return the loss parts named."""
+        return self.step_metrics(self._call("step", self._whole_step, minibatch))
 
     def update(self, batches: list[Any], progress: float) -> dict[str, float]:
-        """One update: every minibatch of the plan computed and applied in turn, until
-        :meth:`stop_early` says stop."""
+        """One update: every minibatch of the plan stepped in turn (:meth:`train_step`),
+        until :meth:`stop_early` says stop."""
         plan = self.minibatches(batches, progress)
         done: list[dict[str, float]] = []
         for i, mb in enumerate(plan):
-            grads, metrics = self.compute_gradients(mb)
-            self.apply_gradients(grads)
+            metrics = self.train_step(mb)
             done.append(metrics)
             if self.stop_early(i, len(plan), metrics):
                 break

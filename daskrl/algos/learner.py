@@ -22,10 +22,11 @@ import torch
 from torch import Tensor, nn
 
 from daskrl.algos.categorical import DiscreteActorCritic
+from daskrl.algos.compiled_step import compilable_adam
 from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import PPO_PARTS
 from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
-from daskrl.algos.offpolicy import optimizer_state
+from daskrl.algos.offpolicy import load_optimizer_state, optimizer_state
 from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
 from daskrl.algos.seeding import seeded_init
 from daskrl.core.algorithm import Batch, UpdatePlan
@@ -77,23 +78,6 @@ def shuffled_minibatches(data: dict[str, Tensor], epochs: int, num_minibatches: 
     return plan
 
 
-def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.compile(fn)`` (inductor), for a loss that autograd then differentiates.
-
-    Inductor keeps what it compiles (forward and backward graphs) in its on-disk caches,
-    on by default, under ``$TORCHINDUCTOR_CACHE_DIR`` (default ``/tmp/torchinductor_<user>``):
-    a later process, a worker of the next run, loads the kernels instead of compiling again
-    (it still traces ``fn``, about a second). Point ``TORCHINDUCTOR_CACHE_DIR`` at a shared
-    directory for workers on several hosts.
-
-    Examples
-    --------
-    >>> callable(compiled(torch.sin))
-    True
-    """
-    return torch.compile(fn)
-
-
 class ActorCriticLearner(GradientUpdate):
     """Actor-critic network and ``torch.optim.Adam`` updated by PPO.
 
@@ -110,7 +94,8 @@ class ActorCriticLearner(GradientUpdate):
     device : str
         Where the update runs.
     compile : bool
-        Differentiate a ``torch.compile``-d loss (see :func:`compiled`).
+        Compile each whole gradient step: loss, gradients, clip and Adam step
+        (:meth:`~daskrl.algos.gradient_update.GradientUpdate.compile_steps`).
     network : callable, optional
         Builds the network (after seeding); default a :class:`DiscreteActorCritic` of
         ``obs_dim``, ``num_actions``, ``hidden``.
@@ -148,7 +133,7 @@ class ActorCriticLearner(GradientUpdate):
             self.generator = torch.Generator().manual_seed(seed)
             self.loss: Callable[[Minibatch], tuple[Tensor, Tensor]] = self._loss
             if compile:
-                self.loss = compiled(self._loss)
+                self.compile_steps()
             self.parts = PPO_PARTS
             self._weights: dict[str, Tensor] | None = None
             self._data: dict[str, Tensor] | None = None
@@ -157,13 +142,16 @@ class ActorCriticLearner(GradientUpdate):
     def optimizer(self) -> torch.optim.Optimizer:
         """``torch.optim.Adam`` over :attr:`params` (``eps=1e-5`` as CleanRL), built on first
         use: building one imports ``torch._dynamo`` (about a second), which a learner made
-        only for its initial weights (the driver's) never needs."""
+        only for its initial weights (the driver's) never needs. Compiled steps get
+        :func:`~daskrl.algos.compiled_step.compilable_adam`."""
         if self._optimizer is None:
-            # fused: one kernel per step for all parameters instead of ~10 ops per parameter
-            self._optimizer = torch.optim.Adam(self.params, lr=self.learning_rate(0.0),
-                                               eps=1e-5, fused=True)
+            lr = self.learning_rate(0.0)
+            if self.compiled_steps is not None:
+                self._optimizer = compilable_adam(self.params, lr, eps=1e-5)
+            else:  # fused: one kernel per step for all parameters, not ~10 ops per parameter
+                self._optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5, fused=True)
             if self._optimizer_state is not None:
-                self._optimizer.load_state_dict(self._optimizer_state)
+                load_optimizer_state(self._optimizer, self._optimizer_state)
                 self._optimizer_state = None
         return self._optimizer
 
@@ -231,7 +219,7 @@ class ActorCriticLearner(GradientUpdate):
         return shuffled_minibatches(self._data, epochs, num_mb, self.generator)
 
     def step_loss(self, minibatch: Minibatch) -> tuple[Tensor, Tensor]:
-        """The loss of one minibatch (compiled when ``compile``) and its parts."""
+        """The loss of one minibatch and its parts."""
         return self.loss(minibatch)
 
     def step_metrics(self, parts: Tensor) -> dict[str, float]:
@@ -250,11 +238,13 @@ class ActorCriticLearner(GradientUpdate):
         if self._data is not None and "values" in self._data:
             out["losses/explained_variance"] = explained_variance(self._data["returns"],
                                                                   self._data["values"])
-        out["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        out["charts/learning_rate"] = float(self.optimizer.param_groups[0]["lr"])
+        if self.compile_s is not None:
+            out["compile_s"] = self.compile_s
         self._data = None
+        self._weights = None  # the steps changed them
         for name, moments in self._pending.items():  # after the update: the actors used the old
             self.running[name].update(moments)
-            self._weights = None
         self._pending = {}
         return out
 
@@ -287,7 +277,7 @@ class ActorCriticLearner(GradientUpdate):
         self._weights = None
         self.net.load_state_dict(state["model"])
         if self._optimizer is not None and state["optimizer"] is not None:
-            self._optimizer.load_state_dict(state["optimizer"])
+            load_optimizer_state(self._optimizer, state["optimizer"])
         else:  # loaded when the optimiser is built (a fresh one when None)
             self._optimizer, self._optimizer_state = None, state["optimizer"]
         self.generator.set_state(state["generator"])

@@ -80,9 +80,47 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     True
     """
     state = optimizer.state_dict()
-    return {"param_groups": copy.deepcopy(state["param_groups"]),
+    groups = copy.deepcopy(state["param_groups"])
+    for group in groups:  # a compiled step's tensor rate saved as the float it holds
+        if torch.is_tensor(group["lr"]):
+            group["lr"] = float(group["lr"])
+    return {"param_groups": groups,
             "state": {i: {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v
                           for k, v in s.items()} for i, s in state["state"].items()}}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, keeping how ``optimizer`` steps.
+
+    torch's loader takes every setting of the saved parameter groups, the kernel flags
+    (``fused``, ``foreach``, ``capturable``) too, and a float learning rate over a tensor
+    one; a state saved by an eager learner (fused Adam) would then make a compiled one's
+    step untraceable, and the reverse. The saved moments, step counts and rates are loaded
+    (copied: torch's loader keeps the given tensors where their device and type fit, and the
+    steps would then change ``state`` in place, for whoever else holds it); the flags and
+    the kind of rate stay this optimiser's.
+
+    Examples
+    --------
+    >>> from daskrl.algos.compiled_step import compilable_adam
+    >>> net = torch.nn.Linear(2, 1)
+    >>> eager, compiled = adam(net.parameters(), 1e-3), compilable_adam(net.parameters(), 1.0)
+    >>> load_optimizer_state(compiled, optimizer_state(eager))
+    >>> group = compiled.param_groups[0]
+    >>> torch.is_tensor(group["lr"]), float(group["lr"]), group["fused"]
+    (True, 0.001, None)
+    """
+    flags = ("fused", "foreach", "capturable")
+    kept = [({k: g[k] for k in flags if k in g}, g["lr"]) for g in optimizer.param_groups]
+    optimizer.load_state_dict({
+        "param_groups": state["param_groups"],
+        "state": {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
+                  for i, s in state["state"].items()}})
+    for group, (own, lr) in zip(optimizer.param_groups, kept, strict=True):
+        group.update(own)
+        if torch.is_tensor(lr):
+            lr.fill_(float(group["lr"]))
+            group["lr"] = lr
 
 
 def restore_replay(replay: Any, state: Mapping[str, Any]) -> int:
