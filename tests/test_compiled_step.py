@@ -8,6 +8,9 @@ rate or lost the optimiser's moments would drift away within a few steps.
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -41,7 +44,7 @@ def test_compiled_ppo_updates_match_the_eager_ones():
     hp = PPOHyper(update_epochs=2, num_minibatches=3)
     eager = ActorCriticLearner(4, 2, 0, (16, 16), hp)
     fast = ActorCriticLearner(4, 2, 0, (16, 16), hp, compile=True)
-    assert fast.compile_s is None
+    assert eager.compile_s is None
     for i in range(4):  # the rate anneals: a compiled step must read the new one
         data, progress = ppo_batch(96, i), 0.2 * i
         m_eager, m_fast = eager.update([data], progress), fast.update([data], progress)
@@ -114,6 +117,7 @@ def test_compiled_dqn_steps_match_the_eager_ones(prioritized):
                  "discounts": np.full(n, 0.99), "stats": {"env_steps": n}}
         metrics = [learner.update([batch], 0.3 * i) for learner in learners]
     assert metrics[1]["gradient_steps"] == metrics[0]["gradient_steps"] > 0
+    assert metrics[1]["compile_s"] > 0 and "compile_s" not in metrics[0]
     assert metrics[1]["losses/td_loss"] == pytest.approx(metrics[0]["losses/td_loss"], rel=1e-4)
     # Adam turns a rounding-sized gradient of a dead unit into a step of up to lr: 1e-4
     assert_same_weights(learners[0].weights(), learners[1].weights(), atol=1e-4)
@@ -121,3 +125,27 @@ def test_compiled_dqn_steps_match_the_eager_ones(prioritized):
         rows = np.arange(learners[0].replay.size)
         np.testing.assert_allclose(learners[1].replay.tree.leaves(rows),
                                    learners[0].replay.tree.leaves(rows), rtol=1e-3, atol=1e-4)
+
+
+def metric_rows(out: Path) -> list[dict[str, str]]:
+    with (out / "metrics.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.timeout(300)
+def test_a_compiled_run_reports_its_compile_and_resumes_eager(tmp_path):
+    """``--compile`` through the real path (a learner worker of the embedded cluster):
+    ``compile_s`` reaches the metrics and the summary, and its checkpoint resumes eagerly."""
+    import daskrl
+
+    graph = str(Path(__file__).resolve().parent.parent / "graphs" / "ppo.py")
+    tiny = {"num_actors": 1, "num_envs": 4, "num_steps": 32, "update_epochs": 2,
+            "num_minibatches": 2, "eval_episodes": 2}
+    out = tmp_path / "run"
+    run = daskrl.train(graph, steps=256, out=out, progress=False, compile=True, **tiny)
+    assert run.status == "finished" and run.summary["compile_s"] > 0
+    assert all(float(r["compile_s"]) > 0 for r in metric_rows(out))
+    resumed = daskrl.train(graph, steps=512, out=out, resume=True, progress=False,
+                           compile=False, **tiny)
+    assert resumed.status == "finished" and resumed.summary["iterations"] == 4
+    assert [r["compile_s"] for r in metric_rows(out)[2:]] == ["", ""]  # eager: none compiled

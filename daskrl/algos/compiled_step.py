@@ -12,13 +12,13 @@ Inductor keeps what it compiles in its on-disk cache (on by default, under
 ``$TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_<user>``): a later process, a
 worker of the next run, loads the kernels instead of compiling again (it still traces the
 step, a few seconds). Point ``TORCHINDUCTOR_CACHE_DIR`` at a shared directory for workers on
-several hosts. :attr:`CompiledStep.first_s` says what the first call cost, compile included.
+several hosts. :func:`compile_seconds` says what compiling cost (``compile_s`` in the
+metrics).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,9 +50,24 @@ def _not_the_optimizer_profiler_note(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Profiler record function")
 
 
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling (tracing, inductor's code generation or its
+    cache loads, every recompile included: a minibatch of a new size compiles once more), as
+    torch itself records them.
+
+    Examples
+    --------
+    >>> compile_seconds() >= 0.0
+    True
+    """
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
+
+
 class CompiledStep:
     """``fn`` compiled by ``torch.compile`` with ``torch.autograd.grad`` traced into its
-    graph; the first call (which compiles, or loads from inductor's cache) is timed.
+    graph.
 
     Examples
     --------
@@ -60,9 +75,10 @@ class CompiledStep:
     >>> def grads(x):
     ...     return torch.autograd.grad(net(x).sum(), list(net.parameters()))
     >>> step = CompiledStep(grads)
-    >>> step.first_s is None, [g.shape for g in step(torch.ones(3, 2))]
-    (True, [torch.Size([1, 2]), torch.Size([1])])
-    >>> step.first_s > 0
+    >>> before = compile_seconds()
+    >>> [g.shape for g in step(torch.ones(3, 2))]
+    [torch.Size([1, 2]), torch.Size([1])]
+    >>> compile_seconds() > before
     True
     """
 
@@ -71,15 +87,8 @@ class CompiledStep:
         if _not_the_optimizer_profiler_note not in notes.filters:
             notes.addFilter(_not_the_optimizer_profiler_note)
         self.fn = torch.compile(fn)
-        self.first_s: float | None = None
-        """Seconds of the first call, compile included (None before it)."""
 
     def __call__(self, *args: Any) -> Any:
         # dynamo breaks the graph at autograd.grad unless told to trace it
         with torch._dynamo.config.patch(trace_autograd_ops=True):
-            if self.first_s is not None:
-                return self.fn(*args)
-            t0 = time.perf_counter()
-            out = self.fn(*args)
-        self.first_s = time.perf_counter() - t0
-        return out
+            return self.fn(*args)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.compiled_step import CompiledStep, compilable_adam
+from daskrl.algos.compiled_step import CompiledStep, compilable_adam, compile_seconds
 from daskrl.algos.gradient_update import annealed_lr, set_learning_rate
 from daskrl.algos.offpolicy import (
     TensorMeans,
@@ -138,6 +138,14 @@ class DQNLearner(ReplayLearner):
         lr = annealed_lr(h.learning_rate, h.anneal_lr, progress)
         set_learning_rate(self.optimizer, lr)
         return {"charts/epsilon": float(self.net.epsilon), "charts/learning_rate": lr}
+
+    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
+        """:meth:`ReplayLearner.update`, and with compiled steps the seconds compiling cost
+        so far (``compile_s``)."""
+        metrics = super().update(batches, progress)
+        if self.compiled is not None:
+            metrics["compile_s"] = compile_seconds()
+        return metrics
 
     def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
         """A gradient step at each of ``ends``; the target updates after each step that

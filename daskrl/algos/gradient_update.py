@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from daskrl.algos.compiled_step import CompiledStep
+from daskrl.algos.compiled_step import CompiledStep, compile_seconds
 
 
 def annealed_lr(base: float, anneal: bool, progress: float) -> float:
@@ -148,11 +148,9 @@ class GradientUpdate(ABC):
 
     @property
     def compile_s(self) -> float | None:
-        """Seconds the compiled functions' first calls took, compile included (None when
-        eager or none ran yet)."""
-        firsts = [s.first_s for s in (self.compiled_steps or {}).values()
-                  if s.first_s is not None]
-        return sum(firsts) if firsts else None
+        """Seconds spent compiling in this process so far (None when eager; see
+        :func:`~daskrl.algos.compiled_step.compile_seconds`)."""
+        return None if self.compiled_steps is None else compile_seconds()
 
     def _call(self, name: str, eager: Any, *args: Any) -> Any:
         """``eager(*args)``, or its compiled twin after :meth:`compile_steps`."""

@@ -293,8 +293,12 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
     summary["determinism"] = determinism_record(settings.deterministic, loop.distribution,
                                                 backend.worker_environ(NUMERICS))
     if loop.total > 0:  # the distribution's own figures, from the metrics just written
+        columns = read_metrics(out)
         summary.update(loop.distribution.headline_figures(
-            since_last_switch(read_metrics(out), loop.replans.records)))
+            since_last_switch(columns, loop.replans.records)))
+        compiled = [v for v in columns.get("compile_s") or [] if not math.isnan(v)]
+        if compiled:  # --compile: seconds its learner spent compiling
+            summary["compile_s"] = max(compiled)
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
         summary.update(loop.evals.forgetting(summary.get("eval_return_mean", math.nan)))
