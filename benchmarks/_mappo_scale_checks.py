@@ -66,8 +66,9 @@ def flop_check(minibatch_agents: int = 32768, repeats: int = 5, seed: int = 0,
     (1.0: the update runs at GEMM speed, all else free). Times are CPU seconds.
     ``split``/``sigmoid_tanh`` switch the two speed-ups of :class:`marl.mappo.MAPPOModel`
     (the critic's first layer split, tanh as a sigmoid) off for comparison; ``compile``
-    differentiates the ``torch.compile``-d loss (``MAPPOHyper.compile``, inductor's own tanh;
-    the compile itself happens in the untimed first call).
+    runs the compiled halves of a gradient step, gradients then clip and Adam
+    (``MAPPOHyper.compile``, inductor's own tanh; the compile itself happens in the untimed
+    first call).
     """
     import torch
 

@@ -149,3 +149,4 @@ def test_a_compiled_run_reports_its_compile_and_resumes_eager(tmp_path):
                            compile=False, **tiny)
     assert resumed.status == "finished" and resumed.summary["iterations"] == 4
     assert [r["compile_s"] for r in metric_rows(out)[2:]] == ["", ""]  # eager: none compiled
+    assert "compile_s" not in resumed.summary

@@ -251,6 +251,8 @@ class DQNLearner(ReplayLearner):
                for u in updates]
         metrics["gradient_steps"] = steps
         metrics["replay_samples"] = steps * h.batch_size  # rows drawn from the shards
+        if self.compiled is not None:
+            metrics["compile_s"] = compile_seconds()
         metrics.update({f"losses/{k}": v for k, v in means.means().items()})
         return metrics, out
 

@@ -111,13 +111,15 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, A
     (True, 0.001, None)
     """
     flags = ("fused", "foreach", "capturable")
-    kept = [({k: g[k] for k in flags if k in g}, g["lr"]) for g in optimizer.param_groups]
+    own = [({k: g[k] for k in flags if k in g}, g["lr"]) for g in optimizer.param_groups]
+    # this optimiser's flags before loading: torch places the step counts by them
+    groups = [{**saved, **kept} for saved, (kept, _) in zip(state["param_groups"], own,
+                                                            strict=True)]
     optimizer.load_state_dict({
-        "param_groups": state["param_groups"],
+        "param_groups": groups,
         "state": {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
                   for i, s in state["state"].items()}})
-    for group, (own, lr) in zip(optimizer.param_groups, kept, strict=True):
-        group.update(own)
+    for group, (_, lr) in zip(optimizer.param_groups, own, strict=True):
         if torch.is_tensor(lr):
             lr.fill_(float(group["lr"]))
             group["lr"] = lr
