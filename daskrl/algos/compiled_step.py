@@ -82,13 +82,35 @@ class CompiledStep:
     True
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], batch_varies: bool = False) -> None:
         notes = logging.getLogger("torch._dynamo.variables.ctx_manager")
         if _not_the_optimizer_profiler_note not in notes.filters:
             notes.addFilter(_not_the_optimizer_profiler_note)
-        self.fn = torch.compile(fn)
+        self.eager = fn
+        self.batch_varies = batch_varies
+        """The first dimension of the tensors passed (their rows) changes between calls."""
+        self._compiled: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:  # on first use: a learner built only for its initial
+            # weights (the driver's) never imports the compiler
+            self._compiled = torch.compile(self.eager)
+            if self.batch_varies:
+                # compile for any row count at once: otherwise the first call compiles for
+                # its own and the second, of another size, compiles again (seconds each)
+                for t in _tensors(args):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
         # dynamo breaks the graph at autograd.grad unless told to trace it
         with torch._dynamo.config.patch(trace_autograd_ops=True):
-            return self.fn(*args)
+            return self._compiled(*args)
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    """The tensors in ``value`` (tensors, or lists, tuples and dicts of them, nested)."""
+    if isinstance(value, Tensor):
+        return [value] if value.dim() else []
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []

@@ -142,8 +142,8 @@ class GradientUpdate(ABC):
         replicas call apart (:meth:`compute_gradients`, :meth:`apply_gradients`); see
         :mod:`daskrl.algos.compiled_step`. Call it before the optimiser is built: that must
         be :func:`~daskrl.algos.compiled_step.compilable_adam`."""
-        self.compiled_steps = {"step": CompiledStep(self._whole_step),
-                               "grads": CompiledStep(self._loss_and_grads),
+        self.compiled_steps = {"step": CompiledStep(self._whole_step, batch_varies=True),
+                               "grads": CompiledStep(self._loss_and_grads, batch_varies=True),
                                "apply": CompiledStep(self._clip_and_step)}
 
     @property
