@@ -46,6 +46,10 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]
     return medians
 
 
+TARGET_COLUMNS = ("daskrl", "daskrl-compile", "daskrl-stale", "daskrl-stale-compile")
+"""The daskrl systems whose column the targets are read from."""
+
+
 def ratios(medians: dict[str, dict[str, Any]], base: str, system: str = "daskrl"
            ) -> dict[str, dict[str, Any]]:
     """``system / base`` for every numeric median both have."""
@@ -124,7 +128,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         row: list[str] = [label]
         for x in systems:
             v = _num(med[x].get(key))
-            if key.startswith("dask_overhead") and x == "daskrl-stale":
+            if key.startswith("dask_overhead") and x.startswith("daskrl-stale"):
                 row.append("overlapped")  # rollout and update overlap: no serial remainder
             elif key.startswith("dask_overhead") and v is not None:
                 row.append(f"{100 * v:.1f}%")
@@ -136,7 +140,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     table = markdown_table(headers, rows)
     found = result["targets"]
     found = found if isinstance(found, dict) else {"daskrl": found}  # older results: a list
-    columns = [x for x in ("daskrl", "daskrl-stale") if found.get(x)]
+    columns = [x for x in TARGET_COLUMNS if found.get(x)]
     cells = []
     for i, t in enumerate(found["daskrl"]):
         row = [t["target"], t["goal"]]
@@ -179,6 +183,9 @@ def render_markdown(result: dict[str, Any]) -> str:
            f"{stale_workers}; each rollout's batch is from the policy one update behind "
            "the learner, the PPO ratio taken against that policy); the targets are read "
            "from both columns. " if "daskrl-stale" in systems else "")
+        + ("*--compile* compiles each whole gradient step (loss, gradients, clip and Adam "
+           "step: `torch.compile`, its first step compiling; inductor's on-disk cache warm "
+           "after the first run). " if any(x.endswith("compile") for x in systems) else "")
         + "Each run is its own process; the order of the systems rotates between repeats.",
         "",
         table,

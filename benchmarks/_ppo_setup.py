@@ -15,15 +15,18 @@ GRAPH = Path("graphs") / "ppo.py"
 """The daskrl graph script, relative to the source tree the runs import daskrl from."""
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "ppo_cartpole.json"
 DEFAULT_README = ROOT / "benchmarks" / "README.md"
-SYSTEMS = ("daskrl", "sb3", "lean", "hand", "daskrl-stale", "daskrl-compile")
+SYSTEMS = ("daskrl", "sb3", "lean", "hand", "daskrl-stale", "daskrl-compile",
+           "daskrl-stale-compile")
 LABELS = {"daskrl": "daskrl", "sb3": "SB3", "lean": "lean loop", "hand": "hand kernel",
-          "daskrl-stale": "daskrl stale=1", "daskrl-compile": "daskrl --compile"}
+          "daskrl-stale": "daskrl stale=1", "daskrl-compile": "daskrl --compile",
+          "daskrl-stale-compile": "daskrl stale=1 --compile"}
 """``hand``: ``hand_kernel.py``'s numpy PPO in the lean loop, the reference limit."""
 DISTRIBUTIONS = {"daskrl": "actors-learner", "daskrl-stale": "actors-learner:stale=1",
-                 "daskrl-compile": "actors-learner"}
-"""The daskrl systems: the default (on-policy), the opt-in one-step-stale mode, and the
-default with the learner's loss compiled (inductor's cache warm after the first run)."""
-FLAGS = {"daskrl-compile": ("--compile",)}
+                 "daskrl-compile": "actors-learner",
+                 "daskrl-stale-compile": "actors-learner:stale=1"}
+"""The daskrl systems: the default (on-policy), the opt-in one-step-stale mode, and each
+with its whole gradient step compiled (inductor's cache warm after the first run)."""
+FLAGS = {"daskrl-compile": ("--compile",), "daskrl-stale-compile": ("--compile",)}
 """Extra ``daskrl train`` flags of a daskrl system."""
 POLL_S = 0.05
 

@@ -43,15 +43,16 @@ from _common import (
 SOLVED = 475.0
 
 
-def run_daskrl(steps: int, seed: int, eval_every: int, double_q: bool) -> dict[str, Any]:
+def run_daskrl(steps: int, seed: int, eval_every: int, double_q: bool,
+               compile: bool = False) -> dict[str, Any]:
     """One ``daskrl train graphs/dqn.py`` run (single distribution; evaluation on a second
-    worker)."""
+    worker), its gradient steps compiled with ``compile``."""
     out = Path(tempfile.mkdtemp(prefix="dqn-bench-")) / "run"
     iters = max(1, eval_every // 256)
     cmd = [sys.executable, "-m", "daskrl", "train", str(ROOT / "graphs/dqn.py"),
            "--steps", str(steps), "--seed", str(seed), "--eval-every", str(iters),
            "--out", str(out), "--no-progress", "--workers", "2",
-           "--double-q" if double_q else "--no-double-q"]
+           "--double-q" if double_q else "--no-double-q", *(["--compile"] if compile else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -62,8 +63,10 @@ def run_daskrl(steps: int, seed: int, eval_every: int, double_q: bool) -> dict[s
     evals = [(int(float(r["eval_iteration"])), float(r["eval_return_mean"])) for r in rows
              if r.get("eval_return_mean") and r.get("eval_iteration")]
     solved = next((wall.get(it) for it, ret in evals if ret >= SOLVED), None)
+    compile_s = [float(r["compile_s"]) for r in rows if r.get("compile_s")]
     return {"env_steps_per_s": summary["env_steps_per_s"], "wall_s": summary["wall_s"],
             "time_to_475_s": solved, "evals": evals,
+            "compile_s": compile_s[-1] if compile_s else None,
             "final_eval": summary.get("eval_return_mean")}
 
 
@@ -145,6 +148,9 @@ def main() -> None:
                         help="rewrite dqn_cartpole.md from the saved JSON, running nothing")
     parser.add_argument("--no-double-q-row", action="store_true",
                         help="leave out the row of daskrl's default (double Q)")
+    parser.add_argument("--compile-row", action="store_true",
+                        help="add a row of the first with --compile (whole gradient steps "
+                             "compiled)")
     parser.add_argument("--child", choices=["sb3"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/dqn_cartpole.json")
@@ -158,10 +164,12 @@ def main() -> None:
         saved = json.loads(args.json.read_text())
         args.steps = saved["settings"]["steps"]
         args.no_double_q_row = saved["settings"].get("no_double_q_row", False)
+        args.compile_row = saved["settings"].get("compile_row", False)
         report(args, saved["runs"], saved["load"]["before"])
         return
     load_before = load_average()
-    names = ("daskrl", "sb3") + (() if args.no_double_q_row else ("daskrl, double Q",))
+    names = (("daskrl", "sb3") + (() if args.no_double_q_row else ("daskrl, double Q",))
+             + (("daskrl --compile",) if args.compile_row else ()))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for seed in range(1, args.seeds + 1):
         for name in names:
@@ -173,7 +181,8 @@ def main() -> None:
                                       text=True)
                 run = json.loads(proc.stdout.strip().splitlines()[-1])
             else:
-                run = run_daskrl(args.steps, seed, args.eval_every, name != "daskrl")
+                run = run_daskrl(args.steps, seed, args.eval_every, "double Q" in name,
+                                 name.endswith("--compile"))
             run.update(seed=seed, load_1m_before=load, load_1m_after=load_average()["load_1m"])
             runs[name].append(run)
             print(f"seed {seed}: {name} {run['env_steps_per_s']:.0f} steps/s, to 475 "
@@ -235,7 +244,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
     md.write_text(
         f"# DQN on CartPole-v1: daskrl vs Stable-Baselines3 DQN\n\n"
         f"`python benchmarks/dqn_cartpole.py --seeds {seeds} --steps {args.steps}"
-        f"{' --no-double-q-row' if args.no_double_q_row else ''}` "
+        f"{' --no-double-q-row' if args.no_double_q_row else ''}"
+        f"{' --compile-row' if args.compile_row else ''}` "
         f"(1-minute load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs, at the "
         f"start of each run: {loads_per_seed}; per seed the runs follow each other; "
         f"{_code(json.loads(args.json.read_text()))}). Same "

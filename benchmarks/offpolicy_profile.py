@@ -11,8 +11,10 @@ three backward passes and Adam steps, Polyak; once with two critic modules, once
 critics stacked, :class:`daskrl.algos.ensemble.StackedMLP`). Per env step: a rollout of
 each system's actor (DQN: 4 envs, SAC: 1 env). One torch thread, as a worker; times are the
 process's CPU seconds (on a shared machine wall time also counts other processes' turns).
-Then cProfile of one iteration of each, split into time inside torch's C++ calls (kernels and
-autograd), numpy, and the Python around them (cProfile inflates the Python share).
+*daskrl --compile* is the same learner with each whole gradient step compiled
+(``torch.compile``, warmed up before the clock starts). Then cProfile of one iteration
+of each, split into time inside torch's C++ calls (kernels and autograd), numpy, and
+the Python around them (cProfile inflates the Python share).
 
     python benchmarks/offpolicy_profile.py --algo dqn      # results/dqn_profile.json
     python benchmarks/offpolicy_profile.py --algo sac      # results/sac_profile.json
@@ -90,9 +92,13 @@ def dqn_systems(double_q: bool, fill: int) -> dict[str, dict[str, Callable[[], i
     from daskrl.algos.q_actor import QActor
 
     learner = DQNLearner(4, 2, 1, (256, 256), DQNHyper(learning_starts=0, double_q=double_q))
+    compiled = DQNLearner(4, 2, 1, (256, 256),
+                          DQNHyper(learning_starts=0, double_q=double_q, compile=True))
     actor = QActor("CartPole-v1", 4, 1, (256, 256))
     for _ in range(fill // 256):
-        learner.replay.add(actor.rollout(64))
+        rollout = actor.rollout(64)
+        learner.replay.add(rollout)
+        compiled.replay.add(rollout)
     batch = actor.rollout(64)
     batch["stats"]["env_steps"] = 256  # one iteration's worth: 128 gradient steps
 
@@ -132,6 +138,8 @@ def dqn_systems(double_q: bool, fill: int) -> dict[str, dict[str, Callable[[], i
 
     return {"daskrl": {"update": lambda: learner.update([batch], 0.5)["gradient_steps"],
                        "act": lambda: actor.rollout(64)["stats"]["rollout_steps"] * 4},
+            "daskrl --compile": {
+                "update": lambda: compiled.update([batch], 0.5)["gradient_steps"]},
             "sb3": {"update": sb3_update, "act": sb3_act},
             "bare step": {"update": bare}}
 

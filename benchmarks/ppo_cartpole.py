@@ -41,7 +41,7 @@ from _common import (
     write_json,
 )
 from _ppo_children import child_main
-from _ppo_report import _command, ratios, render_markdown, summarise, targets
+from _ppo_report import TARGET_COLUMNS, _command, ratios, render_markdown, summarise, targets
 from _ppo_runs import run_child, run_daskrl, snapshot_sources
 from _ppo_setup import (
     DEFAULT_JSON,
@@ -194,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     load_after = load_average()
     medians = summarise(runs)
     rat = {**ratios(medians, "sb3"), **ratios(medians, "lean"), **ratios(medians, "hand"),
-           **ratios(medians, "sb3", "daskrl-stale")}
+           **ratios(medians, "sb3", "daskrl-stale"), **ratios(medians, "sb3", "daskrl-compile"),
+           **ratios(medians, "sb3", "daskrl-stale-compile"),
+           **ratios(medians, "hand", "daskrl-compile"),
+           **ratios(medians, "hand", "daskrl-stale-compile")}
     after = machine_info()
     machine.update(load_before=load_before, load_after=load_after, snapshot=args.snapshot,
                    git_commit_after=after["git_commit"], git_dirty_after=after["git_dirty"])
@@ -224,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": rat,
     }
     result["targets"] = {x: targets(medians, rat, args.threshold, args.solve_steps, x)
-                         for x in ("daskrl", "daskrl-stale") if x in medians}
+                         for x in TARGET_COLUMNS if x in medians}
     write_json(json_path, result)
     section = render_markdown(json.loads(json_path.read_text()))
     print(section)

@@ -187,9 +187,9 @@ class GradientUpdate(ABC):
         self._call("apply", self._clip_and_step, list(grads))
 
     def train_step(self, minibatch: Any) -> dict[str, float]:
-        """One gradient step on ``minibatch`` (:meth:`compute_gradients` then
-        :meth:`apply_gradients`, in one compiled function after :meth:`compile_steps`);
-        return the loss parts named."""
+        """One gradient step on ``minibatch``: the work of :meth:`compute_gradients` then
+        :meth:`apply_gradients` (without calling them), one compiled function after
+        :meth:`compile_steps`; return the loss parts named."""
         return self.step_metrics(self._call("step", self._whole_step, minibatch))
 
     def update(self, batches: list[Any], progress: float) -> dict[str, float]:
