@@ -52,8 +52,7 @@ def _not_the_optimizer_profiler_note(record: logging.LogRecord) -> bool:
 
 def compile_seconds() -> float:
     """Seconds this process has spent compiling (tracing, inductor's code generation or its
-    cache loads, every recompile included: a minibatch of a new size compiles once more), as
-    torch itself records them.
+    cache loads, every recompile included), as torch itself records them.
 
     Examples
     --------
