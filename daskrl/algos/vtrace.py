@@ -241,7 +241,9 @@ class VTraceLearner(ActorCriticLearner):
             rho = (target_logp - behaviour).exp()[valid]
         self._vtrace_metrics = {
             "vtrace/rho_mean": float(rho.mean()) if rho.numel() else float("nan"),
-            "vtrace/rho_clipped": float((rho > self.rho_bar).float().mean())
+            # clipped: cut by more than float rounding (on-policy, the actor's and the
+            # learner's log-probabilities of one network differ in the last bits)
+            "vtrace/rho_clipped": float((rho > self.rho_bar * (1 + 1e-5)).float().mean())
             if rho.numel() else float("nan"),
         }
         mask = valid.reshape(-1)
