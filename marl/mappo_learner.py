@@ -22,10 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from daskrl.algos.compiled_step import compilable_adam
 from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import ppo_loss
-from daskrl.algos.offpolicy import load_optimizer_state, optimizer_state
+from daskrl.algos.offpolicy import adam, load_optimizer_state, optimizer_state
 from daskrl.algos.ppo import explained_variance
 from daskrl.algos.seeding import seeded_init
 from daskrl.core.algorithm import UpdatePlan
@@ -191,10 +190,8 @@ class MAPPOLearner(GradientUpdate):
                 for net in [*self.model.actors, *self.model.critics]:
                     swap_tanh(net, nn.Tanh)  # inductor's own tanh is fast; no custom backward
                 self.compile_steps()
-                self.optimizer = compilable_adam(self.params, hp.learning_rate, eps=1e-5)
-            else:
-                self.optimizer = torch.optim.Adam(self.params, lr=hp.learning_rate, eps=1e-5,
-                                                  fused=True)
+            self.optimizer = adam(self.params, hp.learning_rate, eps=1e-5,
+                                  compiled=hp.compile)
 
     def update_plan(self) -> UpdatePlan:
         """``update_epochs * num_minibatches`` steps, after merging :meth:`statistics`."""

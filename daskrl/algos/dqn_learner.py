@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from daskrl.algos.compiled_step import CompiledStep, compilable_adam, compile_seconds
-from daskrl.algos.gradient_update import annealed_lr, set_learning_rate
+from daskrl.algos.compiled_step import CompiledStep, compile_seconds
+from daskrl.algos.gradient_update import annealed_lr, clipped_step, set_learning_rate
 from daskrl.algos.offpolicy import (
     TensorMeans,
     adam,
@@ -124,10 +124,7 @@ class DQNLearner(ReplayLearner):
             """The whole gradient step compiled (``hyper.compile``), else None."""
             if hyper.compile:
                 self.compiled = CompiledStep(self._fit)
-                self.optimizer: torch.optim.Optimizer = compilable_adam(self.params,
-                                                                        hyper.learning_rate)
-            else:
-                self.optimizer = adam(self.params, hyper.learning_rate)
+            self.optimizer = adam(self.params, hyper.learning_rate, compiled=hyper.compile)
 
     def schedule(self, progress: float) -> dict[str, float]:
         """Epsilon at ``progress`` (carried to the actors by the weights) and the learning
@@ -276,10 +273,8 @@ class DQNLearner(ReplayLearner):
               means: TensorMeans | None) -> None:
         """Huber loss (importance-weighted when ``weights``), backward, clip, Adam."""
         loss = huber(q, target_q, weights)
-        self.optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.params, self.hyper.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        clipped_step(self.optimizer, self.params, torch.autograd.grad(loss, self.params),
+                     [self.params], self.hyper.max_grad_norm)
         self.gradient_steps += 1
         if means is not None:
             means.add("td_loss", loss)
@@ -296,11 +291,8 @@ class DQNLearner(ReplayLearner):
         loss = huber(q, target_q, weights)
         with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
             loss_value, q_mean, td = loss.clone(), q.mean(), (target_q - q).abs()
-        grads = torch.autograd.grad(loss, self.params)
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g
-        nn.utils.clip_grad_norm_(self.params, self.hyper.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        clipped_step(self.optimizer, self.params, torch.autograd.grad(loss, self.params),
+                     [self.params], self.hyper.max_grad_norm)
         return loss_value, q_mean, td
 
     def _compiled_step(self, obs: Tensor, next_obs: Tensor, actions: Tensor, rewards: Tensor,

@@ -22,6 +22,7 @@ the clip and the optimiser step) is one compiled function
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -58,6 +59,27 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
             group["lr"].fill_(lr)
         else:
             group["lr"] = lr
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, params: list[Tensor],
+                 grads: Sequence[Tensor], groups: list[list[Tensor]], max_norm: float) -> None:
+    """Give ``params`` their ``grads``, clip each of ``groups`` to ``max_norm`` (one call per
+    group) and take one ``optimizer`` step: every learner's step after its gradients, eager
+    or compiled.
+
+    Examples
+    --------
+    >>> w = torch.nn.Parameter(torch.zeros(2))
+    >>> opt = torch.optim.SGD([w], lr=1.0)
+    >>> clipped_step(opt, [w], [torch.tensor([3.0, 4.0])], [[w]], max_norm=1.0)
+    >>> [round(v, 3) for v in w.tolist()]
+    [-0.6, -0.8]
+    """
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.to(p.device)
+    for group in groups:
+        torch.nn.utils.clip_grad_norm_(group, max_norm, foreach=True)
+    optimizer.step()
 
 
 class GradientUpdate(ABC):
@@ -163,11 +185,8 @@ class GradientUpdate(ABC):
         return torch.autograd.grad(loss, self.params), parts
 
     def _clip_and_step(self, grads: list[Tensor]) -> None:
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g.to(p.device)
-        for group in self.clip_groups():
-            torch.nn.utils.clip_grad_norm_(group, self.hp.max_grad_norm, foreach=True)
-        self.optimizer.step()
+        clipped_step(self.optimizer, self.params, grads, self.clip_groups(),
+                     self.hp.max_grad_norm)
 
     def _whole_step(self, minibatch: Any) -> Tensor:
         grads, parts = self._loss_and_grads(minibatch)

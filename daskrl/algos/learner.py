@@ -22,11 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from daskrl.algos.categorical import DiscreteActorCritic
-from daskrl.algos.compiled_step import compilable_adam
 from daskrl.algos.gradient_update import GradientUpdate
 from daskrl.algos.losses import PPO_PARTS
 from daskrl.algos.normalize import Moments, from_shifted_sums, merge_all, shifted_sums
-from daskrl.algos.offpolicy import load_optimizer_state, optimizer_state
+from daskrl.algos.offpolicy import adam, load_optimizer_state, optimizer_state
 from daskrl.algos.ppo import PPOHyper, _loss, explained_variance
 from daskrl.algos.seeding import seeded_init
 from daskrl.core.algorithm import Batch, UpdatePlan
@@ -143,13 +142,10 @@ class ActorCriticLearner(GradientUpdate):
         """``torch.optim.Adam`` over :attr:`params` (``eps=1e-5`` as CleanRL), built on first
         use: building one imports ``torch._dynamo`` (about a second), which a learner made
         only for its initial weights (the driver's) never needs. Compiled steps get
-        :func:`~daskrl.algos.compiled_step.compilable_adam`."""
+        :func:`~daskrl.algos.offpolicy.adam`, fused, or traceable for compiled steps."""
         if self._optimizer is None:
-            lr = self.learning_rate(0.0)
-            if self.compiled_steps is not None:
-                self._optimizer = compilable_adam(self.params, lr, eps=1e-5)
-            else:  # fused: one kernel per step for all parameters, not ~10 ops per parameter
-                self._optimizer = torch.optim.Adam(self.params, lr=lr, eps=1e-5, fused=True)
+            self._optimizer = adam(self.params, self.learning_rate(0.0), eps=1e-5,
+                                   compiled=self.compiled_steps is not None)
             if self._optimizer_state is not None:
                 load_optimizer_state(self._optimizer, self._optimizer_state)
                 self._optimizer_state = None

@@ -20,16 +20,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from daskrl.algos.compiled_step import compilable_adam
 
-def adam(params: Iterable[Tensor], lr: float) -> torch.optim.Adam:
-    """Adam whose step is one fused kernel over every parameter (CPU and CUDA).
+
+def adam(params: Iterable[Tensor], lr: float, eps: float = 1e-8,
+         compiled: bool = False) -> torch.optim.Adam:
+    """Adam whose step is one fused kernel over every parameter (CPU and CUDA), or with
+    ``compiled`` one a compiled step traces
+    (:func:`~daskrl.algos.compiled_step.compilable_adam`).
 
     Examples
     --------
     >>> adam(torch.nn.Linear(2, 1).parameters(), 1e-3).defaults["fused"]
     True
     """
-    return torch.optim.Adam(params, lr=lr, fused=True)
+    if compiled:
+        return compilable_adam(params, lr, eps)
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
 
 
 def polyak_(target: Iterable[Tensor], source: Iterable[Tensor], tau: float) -> None:
@@ -102,7 +109,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, A
 
     Examples
     --------
-    >>> from daskrl.algos.compiled_step import compilable_adam
     >>> net = torch.nn.Linear(2, 1)
     >>> eager, compiled = adam(net.parameters(), 1e-3), compilable_adam(net.parameters(), 1.0)
     >>> load_optimizer_state(compiled, optimizer_state(eager))
