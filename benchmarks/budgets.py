@@ -7,7 +7,9 @@ Each run is ``daskrl train GRAPH --steps B --seed S`` (plus the graph's env flag
 reported per (graph, budget): the final greedy evaluation of each seed (``summary.json``'s
 ``eval_return_mean``), their median, and the training return over the last 10 % of the run.
 Runs live under ``--work`` as ``GRAPH/<budget>k-s<seed>``; a run already there is read, not
-run again, and ``--parallel`` runs go at once (returns do not depend on the load).
+run again, and a run already recorded in ``--json`` is kept (its folder may be gone: the
+table grows graph by graph over several sessions; ``--fresh`` runs them all again);
+``--parallel`` runs go at once (returns do not depend on the load).
 
     python benchmarks/budgets.py --graphs ppo impala a3c --seeds 1 2 3
     python benchmarks/budgets.py --quick            # ppo, 2k/4k steps, one seed
@@ -98,6 +100,16 @@ def table(rows: list[dict[str, Any]]) -> str:
                            "env-steps/s (median)"], body, align="lllrlrr")
 
 
+def recorded(path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The finished runs an earlier call recorded in ``path`` (none if it is not there), by
+    (graph, budget, seed)."""
+    if not path.exists():
+        return {}
+    return {(r["graph"], r["budget"], r["seed"]): r
+            for r in json.loads(path.read_text()).get("runs", [])
+            if r.get("final_eval") is not None}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the flags, run what is missing, write the JSON and the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -113,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "budgets.json")
     parser.add_argument("--md", type=Path, default=HERE / "budgets.md")
     parser.add_argument("--section", default="budgets", help="section of --md to rewrite")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run every job again, not keeping the runs --json records")
     args = parser.parse_args(argv)
     if args.quick:
         import tempfile
@@ -124,11 +138,17 @@ def main(argv: list[str] | None = None) -> None:
     else:
         budgets = {g: [int(GRAPHS[g][1] * m) for m in args.multiples] for g in args.graphs}
         bases = {g: GRAPHS[g][1] for g in args.graphs}
-    jobs = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds]
+    kept = {} if args.fresh else recorded(args.json)
+    jobs = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds
+            if (g, b, s) not in kept]
     loads = [load_average()]
     runs = run_all(jobs, lambda job: run_one(*job, args.work), args.parallel,
                    lambda job, result: f"{job[0]} {job[1]:,} s{job[2]}: {result.get('final_eval')}")
     loads.append(load_average())
+    order = list(GRAPHS)
+    runs = sorted([*kept.values(), *runs], key=lambda r: (order.index(r["graph"]),
+                                                          r["budget"], r["seed"]))
+    bases = {g: GRAPHS[g][1] for g in dict.fromkeys(r["graph"] for r in runs)} | bases
     errors = [r for r in runs if r.get("error")]
     for r in errors:
         print(json.dumps({k: r.get(k) for k in ("graph", "budget", "seed")}),
