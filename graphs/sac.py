@@ -49,6 +49,11 @@ class Config:
     save_replay: bool = setting("checkpoint the replay's contents (off: a resumed run starts "
                                 "with an empty buffer)", True)
     eval_episodes: int = setting("deterministic episodes in the final evaluation", 10)
+    compile: bool = setting(
+        "compile each whole gradient step (the critics' step, and the actor's with the "
+        "temperature's: targets, losses, their gradients and the Adam steps) with "
+        "torch.compile: the first steps compile (tens of seconds; inductor's on-disk cache "
+        "in $TORCHINDUCTOR_CACHE_DIR spares later runs most of it)", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
     env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "

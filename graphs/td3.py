@@ -52,6 +52,11 @@ class Config:
     save_replay: bool = setting("checkpoint the replay's contents (off: a resumed run starts "
                                 "with an empty buffer)", True)
     eval_episodes: int = setting("episodes of the actor's action in the final evaluation", 10)
+    compile: bool = setting(
+        "compile each whole gradient step (the critics' step and the actor's: the smoothed "
+        "target, losses, their gradients and the Adam steps) with torch.compile: the first "
+        "steps compile (tens of seconds; inductor's on-disk cache in $TORCHINDUCTOR_CACHE_DIR "
+        "spares later runs most of it)", False)
     env_step_cost: float = setting("extra CPU seconds each env step burns (a stand-in for an "
                                    "expensive simulator)", 0.0)
     env_step_sleep: float = setting("wall seconds each step of an actor's envs sleeps, using no "
@@ -64,7 +69,7 @@ class Config:
             buffer_size=self.buffer_size, learning_starts=self.learning_starts, tau=self.tau,
             policy_noise=self.policy_noise, noise_clip=self.noise_clip,
             policy_frequency=self.policy_frequency, train_frequency=self.train_frequency,
-            save_replay=self.save_replay)
+            save_replay=self.save_replay, compile=self.compile)
 
 
 def make_learner(config: Config, seed: int, device: str) -> TD3Learner:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from daskrl.algos.compiled_step import compile_seconds
 from daskrl.algos.ensemble import StackedMLP
 from daskrl.algos.env_runner import NO_COST, StepCost
 from daskrl.algos.offpolicy import TensorMeans, as_tensors, cpu_copy, minibatches
@@ -123,12 +124,22 @@ class BoxLearner(ReplayLearner):
     actors told to stop exploring once learning starts; ``actor``'s weights for them.
 
     A subclass sets ``actor`` (the policy module, with an ``explore`` buffer), ``hyper``
-    (with ``batch_size``) and ``device``, and writes :meth:`_step`.
+    (with ``batch_size``), ``device`` and ``compiled`` (its compiled steps, None when
+    eager), and writes :meth:`_step`.
     """
 
     actor: nn.Module
     hyper: Any
     device: str
+    compiled: Any
+
+    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
+        """:meth:`ReplayLearner.update`, and with compiled steps the seconds compiling cost
+        so far (``compile_s``)."""
+        metrics = super().update(batches, progress)
+        if self.compiled is not None:
+            metrics["compile_s"] = compile_seconds()
+        return metrics
 
     @abstractmethod
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:

@@ -25,7 +25,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
-from daskrl.algos.offpolicy import TensorMeans, adam, cpu_copy, optimizer_state, polyak_
+from daskrl.algos.compiled_step import CompiledStep
+from daskrl.algos.gradient_update import clipped_step
+from daskrl.algos.offpolicy import (
+    TensorMeans,
+    adam,
+    cpu_copy,
+    load_optimizer_state,
+    optimizer_state,
+    polyak_,
+)
 from daskrl.algos.replay_buffers import make_replay
 from daskrl.algos.seeding import seeded_init
 from daskrl.algos.squashed_gaussian import SquashedGaussian
@@ -77,6 +86,7 @@ class SACHyper:
     autotune: bool = True
     alpha: float = 0.2
     save_replay: bool = True
+    compile: bool = False
 
 
 class SACLearner(BoxLearner):
@@ -106,55 +116,94 @@ class SACLearner(BoxLearner):
             self.q_params = list(self.qf.parameters())
             self.target_params = list(self.qf_target.parameters())
             self.actor_params = list(self.actor.body.parameters())
-            self.q_optimizer = adam(self.q_params, hyper.q_lr)
-            self.actor_optimizer = adam(self.actor_params, hyper.policy_lr)
+            c = hyper.compile
+            self.q_optimizer = adam(self.q_params, hyper.q_lr, compiled=c)
+            self.actor_optimizer = adam(self.actor_params, hyper.policy_lr, compiled=c)
             self.target_entropy = -float(len(low))
             self.log_alpha = torch.zeros(1, requires_grad=True, device=device)
             if not hyper.autotune:
                 self.log_alpha.data.fill_(math.log(hyper.alpha))
-            self.a_optimizer = adam([self.log_alpha], hyper.q_lr)
+            self.a_optimizer = adam([self.log_alpha], hyper.q_lr, compiled=c)
+            self.compiled: tuple[CompiledStep, CompiledStep] | None = None
+            """The critic's and the actor's (with the temperature's) whole steps compiled
+            (``hyper.compile``), else None."""
+            if c:
+                self.compiled = (CompiledStep(self._critic_fit), CompiledStep(self._actor_fit))
             self.generator = torch.Generator(device=device).manual_seed(seed)
             """The update's own noise (on the learner's device, so a GPU resume is exact too):
             torch's global generator is shared with every other task in the worker's process."""
 
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step; every ``policy_frequency`` steps as many actor (and temperature)
-        steps; then the targets move by Polyak averaging."""
+        steps; then the targets move by Polyak averaging.
+
+        Compiled or not, the noise is drawn here from the learner's generator in the same
+        order (the target's next actions, then each actor step's and temperature step's),
+        so both paths see the same numbers."""
         h = self.hyper
-        obs, act, nxt = b["obs"], b["actions"], b["next_obs"]
-        alpha = self.log_alpha.exp().detach()
-        with torch.no_grad():
-            next_act, next_logp = self.actor.sample(nxt, self.generator)
-            smaller = self.qf_target.both(nxt, next_act).amin(0)
-            target = b["rewards"] + b["discounts"] * (smaller - alpha * next_logp)
-        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
-        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
-        self.q_optimizer.zero_grad()
-        qf_loss.backward()
-        self.q_optimizer.step()
+        critic, actor = self._critic_fit, self._actor_fit
+        if self.compiled is not None:
+            critic, actor = self.compiled
+        obs, act = b["obs"], b["actions"]
+        qf_loss, q1 = critic(obs, act, b["next_obs"], b["rewards"], b["discounts"],
+                             self._noise(obs))
         means.add("qf_loss", qf_loss)
-        means.add("qf1_values", q[0])
+        means.add("qf1_values", q1)
         self.gradient_steps += 1
         if self.gradient_steps % h.policy_frequency == 0:
             for _ in range(h.policy_frequency):  # delayed, then as many (CleanRL)
-                pi, logp = self.actor.sample(obs, self.generator)
-                actor_loss = (alpha * logp - self.qf.both(obs, pi).amin(0)).mean()
-                self.actor_optimizer.zero_grad()
-                # the actor's gradients only: the critics' would be cleared unused
-                torch.autograd.backward(actor_loss, inputs=self.actor_params)
-                self.actor_optimizer.step()
-                if h.autotune:
-                    with torch.no_grad():
-                        _, logp = self.actor.sample(obs, self.generator)
-                    alpha_loss = (-self.log_alpha.exp() * (logp + self.target_entropy)).mean()
-                    self.a_optimizer.zero_grad()
-                    alpha_loss.backward()
-                    self.a_optimizer.step()
-                    alpha = self.log_alpha.exp().detach()
+                noise = self._noise(obs)
+                actor_loss, alpha = actor(obs, noise, self._noise(obs) if h.autotune else noise)
             means.add("actor_loss", actor_loss)
             means.add("alpha", alpha)
         if self.gradient_steps % h.target_network_frequency == 0:
             polyak_(self.target_params, self.q_params, h.tau)
+
+    def _noise(self, obs: Tensor) -> Tensor:
+        """Standard normal noise for one action per row of ``obs`` (the learner's
+        generator)."""
+        scale = self.actor.scale
+        return torch.randn((obs.shape[0], *scale.shape), generator=self.generator,
+                           device=scale.device, dtype=scale.dtype)
+
+    def _critic_fit(self, obs: Tensor, act: Tensor, nxt: Tensor, rewards: Tensor,
+                    discounts: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """The critics' whole step: the entropy-regularised target (next actions from
+        ``noise``), both critics' loss, its gradients and the Adam step; returns the loss
+        and the first critic's mean value."""
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_act, next_logp = self.actor.squash(nxt, noise)
+            smaller = self.qf_target.both(nxt, next_act).amin(0)
+            target = rewards + discounts * (smaller - alpha * next_logp)
+        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
+        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
+        with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
+            loss_value, q1 = qf_loss.clone(), q[0].mean()
+        clipped_step(self.q_optimizer, self.q_params,
+                     torch.autograd.grad(qf_loss, self.q_params), [], 0.0)
+        return loss_value, q1
+
+    def _actor_fit(self, obs: Tensor, noise: Tensor, alpha_noise: Tensor
+                   ) -> tuple[Tensor, Tensor]:
+        """One actor step (its own parameters' gradients only: the critics' would be
+        unused) and, with ``autotune``, one temperature step on fresh actions from
+        ``alpha_noise``; returns the actor's loss and the temperature after the step."""
+        alpha = self.log_alpha.exp().detach()
+        pi, logp = self.actor.squash(obs, noise)
+        actor_loss = (alpha * logp - self.qf.both(obs, pi).amin(0)).mean()
+        with torch.no_grad():
+            loss_value = actor_loss.clone()
+        clipped_step(self.actor_optimizer, self.actor_params,
+                     torch.autograd.grad(actor_loss, self.actor_params), [], 0.0)
+        if self.hyper.autotune:
+            with torch.no_grad():
+                _, logp = self.actor.squash(obs, alpha_noise)
+            alpha_loss = (-self.log_alpha.exp() * (logp + self.target_entropy)).mean()
+            clipped_step(self.a_optimizer, [self.log_alpha],
+                         torch.autograd.grad(alpha_loss, [self.log_alpha]), [], 0.0)
+            alpha = self.log_alpha.exp().detach()
+        return loss_value, alpha
 
     def model_state(self) -> dict[str, Any]:
         """Networks, optimisers, temperature and the noise generator's state (CPU)."""
@@ -172,9 +221,9 @@ class SACLearner(BoxLearner):
         self.qf.load_state_dict(state["qf"])
         self.qf_target.load_state_dict(state["qf_target"])
         self.log_alpha.data.copy_(state["log_alpha"])
-        self.q_optimizer.load_state_dict(state["q_optimizer"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.a_optimizer.load_state_dict(state["a_optimizer"])
+        load_optimizer_state(self.q_optimizer, state["q_optimizer"])
+        load_optimizer_state(self.actor_optimizer, state["actor_optimizer"])
+        load_optimizer_state(self.a_optimizer, state["a_optimizer"])
         if "generator" in state:  # a state from before the learner had its own keeps the seed's
             self.generator.set_state(state["generator"])
 

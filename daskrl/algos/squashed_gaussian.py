@@ -55,10 +55,25 @@ class SquashedGaussian(nn.Module):
         """Reparameterised actions and their log-probabilities (tanh's Jacobian included),
         the noise drawn from ``generator`` (on the module's device; torch's global one when
         None)."""
+        noise = torch.randn((obs.shape[0], *self.scale.shape), generator=generator,
+                            device=self.scale.device, dtype=self.scale.dtype)
+        return self.squash(obs, noise)
+
+    def squash(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`sample` with the standard normal ``noise`` given (shape: the actions'):
+        what a compiled step calls, its noise drawn outside from the learner's generator.
+
+        Examples
+        --------
+        >>> pi = SquashedGaussian(3, np.array([-2.0]), np.array([2.0]), (16,))
+        >>> obs, g = torch.zeros(5, 3), torch.Generator().manual_seed(0)
+        >>> a, _ = pi.sample(obs, g)
+        >>> noise = torch.randn((5, 1), generator=torch.Generator().manual_seed(0))
+        >>> bool(torch.equal(pi.squash(obs, noise)[0], a))
+        True
+        """
         mean, log_std = self(obs)
         std = log_std.exp()
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device,
-                            dtype=mean.dtype)
         x = mean + std * noise
         y = torch.tanh(x)
         logp = (-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)

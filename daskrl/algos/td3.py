@@ -21,9 +21,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
+from daskrl.algos.compiled_step import CompiledStep
 from daskrl.algos.env_runner import NO_COST, StepCost
+from daskrl.algos.gradient_update import clipped_step
 from daskrl.algos.layers import run_mlp
-from daskrl.algos.offpolicy import TensorMeans, adam, cpu_copy, optimizer_state, polyak_
+from daskrl.algos.offpolicy import (
+    TensorMeans,
+    adam,
+    cpu_copy,
+    load_optimizer_state,
+    optimizer_state,
+    polyak_,
+)
 from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay_buffers import make_replay
 from daskrl.algos.seeding import seeded_init
@@ -109,6 +118,7 @@ class TD3Hyper:
     policy_frequency: int = 2
     train_frequency: int = 1
     save_replay: bool = True
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.policy_frequency < 1:
@@ -143,38 +153,65 @@ class TD3Learner(BoxLearner):
             self.q_params = list(self.qf.parameters())
             self.targets = [*self.actor_target.body.parameters(), *self.qf_target.parameters()]
             self.sources = [*self.actor_params, *self.q_params]
-            self.q_optimizer = adam(self.q_params, hyper.learning_rate)
-            self.actor_optimizer = adam(self.actor_params, hyper.learning_rate)
+            self.q_optimizer = adam(self.q_params, hyper.learning_rate, compiled=hyper.compile)
+            self.actor_optimizer = adam(self.actor_params, hyper.learning_rate,
+                                        compiled=hyper.compile)
             self.generator = torch.Generator(device=device).manual_seed(seed)
             """The target smoothing noise's own generator (on the learner's device)."""
+            self.compiled: tuple[CompiledStep, CompiledStep] | None = None
+            """The critic's and the actor's whole steps compiled (``hyper.compile``), else
+            None."""
+            if hyper.compile:
+                self.compiled = (CompiledStep(self._critic_fit), CompiledStep(self._actor_fit))
 
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:
         """One critic step towards the smoothed target; every ``policy_frequency`` steps an
-        actor step on the first critic, then every target moves by Polyak averaging."""
-        h, actor = self.hyper, self.actor
-        obs, act, nxt = b["obs"], b["actions"], b["next_obs"]
-        with torch.no_grad():
-            noise = torch.randn(act.shape, generator=self.generator, device=act.device)
-            noise = noise.mul_(h.policy_noise).clamp_(-h.noise_clip, h.noise_clip) * actor.scale
-            next_act = torch.maximum(torch.minimum(self.actor_target(nxt) + noise, actor.high),
-                                     actor.low)
-            target = b["rewards"] + b["discounts"] * self.qf_target.both(nxt, next_act).amin(0)
-        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
-        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
-        self.q_optimizer.zero_grad()
-        qf_loss.backward()
-        self.q_optimizer.step()
+        actor step on the first critic, then every target moves by Polyak averaging.
+
+        The smoothing noise is drawn here from the learner's generator, compiled or not, so
+        both paths see the same numbers."""
+        h = self.hyper
+        critic, actor = self._critic_fit, self._actor_fit
+        if self.compiled is not None:
+            critic, actor = self.compiled
+        act = b["actions"]
+        noise = torch.randn(act.shape, generator=self.generator, device=act.device)
+        qf_loss, q1 = critic(b["obs"], act, b["next_obs"], b["rewards"], b["discounts"], noise)
         means.add("qf_loss", qf_loss)
-        means.add("qf1_values", q[0])
+        means.add("qf1_values", q1)
         self.gradient_steps += 1
         if self.gradient_steps % h.policy_frequency == 0:
-            actor_loss = -self.qf.both(obs, actor(obs))[0].mean()
-            self.actor_optimizer.zero_grad()
-            # the actor's gradients only: the critics' would be cleared unused
-            torch.autograd.backward(actor_loss, inputs=self.actor_params)
-            self.actor_optimizer.step()
+            means.add("actor_loss", actor(b["obs"]))
             polyak_(self.targets, self.sources, h.tau)
-            means.add("actor_loss", actor_loss)
+
+    def _critic_fit(self, obs: Tensor, act: Tensor, nxt: Tensor, rewards: Tensor,
+                    discounts: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """The critics' whole step: the target actor's action smoothed by the clipped
+        ``noise``, the smaller target critic's value, both critics' loss, its gradients and
+        the Adam step; returns the loss and the first critic's mean value."""
+        h, actor = self.hyper, self.actor
+        with torch.no_grad():
+            noise = (noise * h.policy_noise).clamp(-h.noise_clip, h.noise_clip) * actor.scale
+            next_act = torch.maximum(torch.minimum(self.actor_target(nxt) + noise, actor.high),
+                                     actor.low)
+            target = rewards + discounts * self.qf_target.both(nxt, next_act).amin(0)
+        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
+        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
+        with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
+            loss_value, q1 = qf_loss.clone(), q[0].mean()
+        clipped_step(self.q_optimizer, self.q_params,
+                     torch.autograd.grad(qf_loss, self.q_params), [], 0.0)
+        return loss_value, q1
+
+    def _actor_fit(self, obs: Tensor) -> Tensor:
+        """One actor step up the first critic (the actor's gradients only: the critics'
+        would be unused); returns its loss."""
+        actor_loss = -self.qf.both(obs, self.actor(obs))[0].mean()
+        with torch.no_grad():
+            loss_value = actor_loss.clone()
+        clipped_step(self.actor_optimizer, self.actor_params,
+                     torch.autograd.grad(actor_loss, self.actor_params), [], 0.0)
+        return loss_value
 
     def model_state(self) -> dict[str, Any]:
         """Networks, their targets, optimisers and the noise generator's state (CPU)."""
@@ -190,8 +227,8 @@ class TD3Learner(BoxLearner):
         self.actor_target.load_state_dict(state["actor_target"])
         self.qf.load_state_dict(state["qf"])
         self.qf_target.load_state_dict(state["qf_target"])
-        self.q_optimizer.load_state_dict(state["q_optimizer"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        load_optimizer_state(self.q_optimizer, state["q_optimizer"])
+        load_optimizer_state(self.actor_optimizer, state["actor_optimizer"])
         self.generator.set_state(state["generator"])
 
 
