@@ -27,6 +27,7 @@ from daskrl.core.algorithm import (
     ResizableActor,
 )
 from daskrl.core.failures import expect
+from daskrl.core.learner_threads import learner_threads
 from daskrl.core.worker_state import drop_key, in_turn, resident, worker_name
 
 T = TypeVar("T")
@@ -52,6 +53,10 @@ class TaskContext:
     """``(iteration, progress)`` the schedules go on from: (0, 0.0) for a run as launched; a
     run resumed with another length continues from where its schedule stood (see
     :meth:`progress`)."""
+    learner_alone: bool = False
+    """For a learner task: no other task of the run computes while it updates (a lockstep
+    distribution), so the update may use the cores the others leave idle
+    (:mod:`daskrl.core.learner_threads`)."""
     output_state: OutputState = "full"
     """What a learner task's output carries as its ``state`` (:func:`learner_state`):
     ``"full"`` (a checkpoint, a deterministic rerun or a rebuilt worker may need all of
@@ -245,8 +250,10 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     check_batches(batches)
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
-    metrics: dict[str, Any] = learner.update(list(batches), ctx.progress())
+    with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as threads:
+        metrics: dict[str, Any] = learner.update(list(batches), ctx.progress())
     expect(metrics, "learner", "the learner's update(batches, progress)", dict)
+    metrics["learner_threads"] = threads
     holder["version"] = learner_in.version + 1
     metrics.update(merge_stats([b["stats"] for b in batches]))
     metrics.update(learner_worker=worker_name(), learner_built=built,

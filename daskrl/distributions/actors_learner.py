@@ -78,9 +78,11 @@ def output_state(inputs: IterationInputs) -> OutputState:
     return "full" if inputs.checkpoint or inputs.deterministic else "light"
 
 
-def learner_context(inputs: IterationInputs) -> TaskContext:
-    """The learner task's context, with the :func:`output_state` its output carries."""
-    return dataclasses.replace(inputs.context("learner", 0), output_state=output_state(inputs))
+def learner_context(inputs: IterationInputs, alone: bool = False) -> TaskContext:
+    """The learner task's context, with the :func:`output_state` its output carries;
+    ``alone``: no rollout computes while it updates (on-policy lockstep)."""
+    return dataclasses.replace(inputs.context("learner", 0), output_state=output_state(inputs),
+                               learner_alone=alone)
 
 
 def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int, ...]]:
@@ -245,7 +247,7 @@ class ActorsLearner(Distribution):
         learner_worker = place.worker("learner", 0)
         if self._in_learner_task(inputs):
             replicas = tuple(range(algo.num_actors))
-            return task(rollout_and_learn, learner_context(inputs), algo,
+            return task(rollout_and_learn, learner_context(inputs, alone=True), algo,
                         inputs.learner_in, inputs.context("rollout", 0),
                         replicas if len(replicas) > 1 else (), inputs.count, role="learner",
                         replica=0, iteration=k, run=inputs.run,
@@ -261,10 +263,11 @@ class ActorsLearner(Distribution):
             return task(learn_carried, learner_context(inputs), algo, inputs.learner_in,
                         role="learner", replica=0, iteration=k, run=inputs.run,
                         resources=place.resources["learner"], worker=learner_worker)
-        return task(learn, learner_context(inputs), algo, inputs.learner_in,
-                    *self._rollouts(inputs, acting, after), role="learner", replica=0, iteration=k,
-                    run=inputs.run, resources=place.resources["learner"],
-                    worker=learner_worker)
+        # on-policy the rollouts end before the update starts: the learner works alone
+        return task(learn, learner_context(inputs, alone=not self.stale), algo,
+                    inputs.learner_in, *self._rollouts(inputs, acting, after), role="learner",
+                    replica=0, iteration=k, run=inputs.run,
+                    resources=place.resources["learner"], worker=learner_worker)
 
     def _piped_group(self, inputs: IterationInputs) -> Delayed:
         """``inputs.count`` stale iterations: a rollout task per rollout worker and a learner

@@ -8,6 +8,7 @@ process: nothing moves between workers. The driver puts up to ``iterations_per_t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ from dask.delayed import Delayed
 
 from daskrl.core.algorithm import Algorithm, LearnerOutput
 from daskrl.core.fragment import Fragment
+from daskrl.core.learner_threads import learner_threads
 from daskrl.core.placement import task
 from daskrl.core.roles import (
     TaskContext,
@@ -35,7 +37,9 @@ def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutpu
     this worker (see :func:`~daskrl.distributions.base.chained`).
 
     ``threads > 0`` sets torch's intra-op threads of this worker process first (a lone
-    worker on an idle machine may use every core for the update).
+    worker on an idle machine may use every core for the update); 0 leaves the task's grant,
+    and each update takes the cores the rollout leaves idle while it works when timing shows
+    that faster (:mod:`daskrl.core.learner_threads`).
 
     Examples
     --------
@@ -52,6 +56,8 @@ def fused_iterations(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutpu
     """
     if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    # the rollout waits for the update: it works alone unless threads were fixed
+    ctx = dataclasses.replace(ctx, learner_alone=threads == 0)
     last = ctx.iteration + count - 1
     return chained(ctx, learner_in, count,
                    lambda c, cur: _one_iteration(c, algo, cur, final=c.iteration == last))
@@ -73,7 +79,9 @@ def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     batch = actor.rollout(algo.num_steps)
     t2 = time.time()
     stats = batch["stats"]
-    metrics = learner.update([batch], ctx.progress())
+    with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as threads:
+        metrics = learner.update([batch], ctx.progress())
+    metrics["learner_threads"] = threads
     holder["version"] = learner_in.version + 1
     stats.update(worker=worker_name(), built=actor_built, replica="all")
     keep_snapshot(ctx, actor, "single", replicas if len(replicas) > 1 else 0, stats)

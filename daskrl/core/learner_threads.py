@@ -1,0 +1,129 @@
+"""The learner's torch threads, chosen by timing its updates.
+
+A task runs torch with as many threads as its CPU grant (one by default), so that tasks
+computing at once do not fight over cores. A learner that works alone (a lockstep
+distribution: the rollouts wait for its update, and the update for them) leaves the other
+cores of its host idle while it updates: on two cores a CNN's or a 256-unit critic's update
+runs nearly twice as fast on both. Whether more threads help depends on the network (a
+64-unit MLP's kernels are too small to split, and waking threads costs more than it saves)
+and on what else the host runs, so :class:`ThreadChoice` measures instead of assuming: after
+an untimed first update it alternates the grant and every core this process may use, a few
+updates each, and keeps the faster by the median wall time (more threads only when at least
+10 % faster, since a tie is better left to the other processes).
+
+:func:`learner_threads` wraps one update; the choice lives with the worker's resident
+learner, so a rebuilt learner (a lost worker, a resumed run) measures again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from daskrl.core.envs import usable_cpus
+
+MARGIN = 0.9
+"""More threads are kept only when their median update takes at most this share of the
+grant's."""
+
+
+class ThreadChoice:
+    """Times updates at the grant's thread count and at ``cores``, and keeps the faster.
+
+    Parameters
+    ----------
+    grant : int
+        The task's threads (its CPU grant): the count when more do not pay.
+    cores : int
+        CPUs this process may run on.
+    trials : int
+        Timed updates of each count before choosing.
+
+    Examples
+    --------
+    >>> choice = ThreadChoice(1, 2, trials=2)
+    >>> for seconds in (9.0, 1.0, 0.5, 1.0, 0.5):  # the first is not timed
+    ...     n = choice.next()
+    ...     choice.record(n, seconds)
+    >>> choice.chosen, choice.medians()
+    (2, {1: 1.0, 2: 0.5})
+    >>> ThreadChoice(2, 2).next()  # nothing beyond the grant to try
+    2
+    """
+
+    def __init__(self, grant: int, cores: int, trials: int = 3) -> None:
+        self.grant = max(1, grant)
+        self.candidates = (self.grant,) if cores <= self.grant else (self.grant, cores)
+        self.trials = trials
+        self.seconds: dict[int, list[float]] = {c: [] for c in self.candidates}
+        self.warm = False
+        self.chosen: int | None = self.grant if len(self.candidates) == 1 else None
+        """The thread count kept; None while measuring."""
+
+    def next(self) -> int:
+        """The thread count for the next update: the grant first (its update is not timed:
+        allocations, a compile), then each candidate in turn, then the chosen one."""
+        if self.chosen is not None:
+            return self.chosen
+        if not self.warm:
+            return self.grant
+        return min(self.candidates, key=lambda c: len(self.seconds[c]))
+
+    def record(self, threads: int, seconds: float) -> None:
+        """One update's wall ``seconds`` at ``threads``; chooses once each count has
+        ``trials`` of them."""
+        if self.chosen is not None:
+            return
+        if not self.warm:
+            self.warm = True
+            return
+        self.seconds[threads].append(seconds)
+        if all(len(v) >= self.trials for v in self.seconds.values()):
+            med = self.medians()
+            best = min(med, key=med.__getitem__)
+            self.chosen = best if med[best] <= MARGIN * med[self.grant] else self.grant
+
+    def medians(self) -> dict[int, float]:
+        """The median seconds of each count timed so far."""
+        return {c: statistics.median(v) for c, v in self.seconds.items() if v}
+
+
+@contextmanager
+def learner_threads(holder: MutableMapping[str, Any], alone: bool) -> Iterator[int]:
+    """Run the body (one learner update) with the thread count ``holder``'s
+    :class:`ThreadChoice` picks, when the learner works ``alone``; else as the task's grant.
+    Yields the count; the task's comes back afterwards (the rest of the task, a fused
+    rollout, keeps its grant).
+
+    Examples
+    --------
+    >>> holder = {}
+    >>> before = torch.get_num_threads()
+    >>> with learner_threads(holder, alone=True) as threads:
+    ...     threads == before  # the first update runs at the grant
+    True
+    >>> isinstance(holder["thread_choice"], ThreadChoice), torch.get_num_threads() == before
+    (True, True)
+    """
+    if not alone:
+        yield torch.get_num_threads()
+        return
+    grant = torch.get_num_threads()
+    choice = holder.get("thread_choice")
+    if choice is None or choice.grant != grant:  # a new grant (--resources) measures anew
+        choice = holder["thread_choice"] = ThreadChoice(grant, usable_cpus())
+    threads = choice.next()
+    if threads != grant:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        yield threads
+    finally:
+        choice.record(threads, time.perf_counter() - t0)
+        if threads != grant:
+            torch.set_num_threads(grant)

@@ -1,0 +1,106 @@
+"""A learner that works alone takes the idle cores when timing says they help.
+
+The choice itself is timed, so these tests assert the mechanism, not a speed: a lockstep
+learner's updates try its grant and every usable core before keeping one count; a learner
+that overlaps its rollouts (``stale=1``) or runs ``--deterministic`` keeps its grant.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from distributed import Client
+
+from daskrl.cluster.local import local_cluster
+from daskrl.core.envs import usable_cpus
+from daskrl.core.learner_threads import ThreadChoice, learner_threads
+from daskrl.core.script import load_graph
+from daskrl.distributions import get_distribution
+from daskrl.runtime.driver import RunSettings, train
+
+ROOT = Path(__file__).resolve().parents[1]
+PPO = load_graph(str(ROOT / "graphs" / "ppo.py"))
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def ppo():
+    return PPO.build(PPO.Config(num_envs=4, num_steps=32, num_actors=1, update_epochs=2,
+                                num_minibatches=2))
+
+
+def threads_column(out: Path) -> list[int]:
+    with open(out / "metrics.csv", newline="") as fh:
+        return [int(r["learner_threads"]) for r in csv.DictReader(fh) if r["learner_threads"]]
+
+
+def feed(choice: ThreadChoice, seconds: dict[int, float], updates: int) -> list[int]:
+    used = []
+    for _ in range(updates):
+        n = choice.next()
+        used.append(n)
+        choice.record(n, seconds[n])
+    return used
+
+
+def test_more_threads_are_kept_only_when_clearly_faster():
+    faster = ThreadChoice(1, 4, trials=3)
+    assert feed(faster, {1: 1.0, 4: 0.5}, 9) == [1, 1, 4, 1, 4, 1, 4, 4, 4]
+    assert faster.chosen == 4
+    tie = ThreadChoice(1, 4, trials=3)
+    feed(tie, {1: 1.0, 4: 0.95}, 8)  # 5 % faster: not worth taking three cores
+    assert tie.chosen == 1 and tie.next() == 1
+    slower = ThreadChoice(2, 8, trials=2)
+    feed(slower, {2: 1.0, 8: 1.4}, 6)
+    assert slower.chosen == 2
+    assert ThreadChoice(4, 4).chosen == 4  # nothing beyond the grant: no measuring
+
+
+def test_the_task_keeps_its_grant_around_an_update():
+    before = torch.get_num_threads()
+    holder = {"thread_choice": ThreadChoice(before, before + 1, trials=1)}
+    holder["thread_choice"].warm = True
+    with learner_threads(holder, alone=True) as threads:
+        assert threads == torch.get_num_threads() == before  # the grant's turn first
+    with learner_threads(holder, alone=True) as threads:
+        assert threads == torch.get_num_threads() == before + 1
+    assert torch.get_num_threads() == before
+    with learner_threads({}, alone=False) as threads:
+        assert threads == before
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = local_cluster([{"CPU": 1}, {"CPU": 1}])
+    with Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="one CPU: no idle core to take")
+def test_a_lockstep_learner_tries_the_idle_cores_then_keeps_one_count(client, tmp_path):
+    algo = ppo()
+    settings = RunSettings(out=tmp_path, steps=10 * algo.steps_per_iteration, eval=False,
+                           progress=False, tensorboard=False)
+    train(client, algo, get_distribution("actors-learner"), settings)
+    used = threads_column(tmp_path)
+    cores = usable_cpus()
+    assert used[0] == 1  # the first update is not timed
+    assert sorted(used[1:7]) == [1, 1, 1, cores, cores, cores]
+    assert len(set(used[7:])) == 1
+
+
+def test_overlapping_or_deterministic_learners_keep_their_grant(client, tmp_path):
+    algo = ppo()
+    steps = 8 * algo.steps_per_iteration
+    stale = RunSettings(out=tmp_path / "stale", steps=steps, eval=False, progress=False,
+                        tensorboard=False)
+    train(client, algo, get_distribution("actors-learner:stale=1"), stale)
+    assert threads_column(tmp_path / "stale") == [1] * 8
+    exact = RunSettings(out=tmp_path / "exact", steps=steps, eval=False, progress=False,
+                        tensorboard=False, deterministic=True)
+    train(client, algo, get_distribution("actors-learner"), exact)
+    assert threads_column(tmp_path / "exact") == [1] * 8
