@@ -19,6 +19,7 @@ from daskrl.core.envs import usable_cpus
 from daskrl.core.learner_threads import ThreadChoice, learner_threads
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
+from daskrl.observe.profile import report
 from daskrl.runtime.driver import RunSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +86,17 @@ def test_a_lockstep_learner_tries_the_idle_cores_then_keeps_one_count(client, tm
     algo = ppo()
     settings = RunSettings(out=tmp_path, steps=10 * algo.steps_per_iteration, eval=False,
                            progress=False, tensorboard=False)
-    train(client, algo, get_distribution("actors-learner"), settings)
+    summary = train(client, algo, get_distribution("actors-learner"), settings)
     used = threads_column(tmp_path)
     cores = usable_cpus()
     assert used[0] == 1  # the first update is not timed
     assert sorted(used[1:7]) == [1, 1, 1, cores, cores, cores]
-    assert len(set(used[7:])) == 1
+    assert len(set(used[7:])) == 1 and summary["learner_threads"] == used[-1]
+    # the profile says how many cores each role kept busy, from the CPU columns
+    with open(tmp_path / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert all(float(r["learner_cpu_s"]) > 0 and float(r["rollout_cpu_s"]) > 0 for r in rows)
+    assert f"({used[-1]} thread" in report(tmp_path).splitlines()[-1]
 
 
 def test_overlapping_or_deterministic_learners_keep_their_grant(client, tmp_path):

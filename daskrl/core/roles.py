@@ -179,10 +179,13 @@ def rollout(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, steps:
 
     key = (ctx.run, "rollout", ident)
     with in_turn(key, ctx.iteration, ctx.after, strict=ctx.deterministic):
+        cpu = time.process_time()
         (actor, batch, built), retries = with_env_retries(ctx, key, collect)
+        cpu = time.process_time() - cpu
     expect(batch, "rollout", "the actor's rollout(steps)", dict, ("stats",))
     label = "+".join(map(str, replicas)) if len(replicas) > 1 else ctx.replica
-    batch["stats"].update(worker=worker_name(), built=built, replica=label, env_retries=retries)
+    batch["stats"].update(worker=worker_name(), built=built, replica=label, env_retries=retries,
+                          cpu_s=cpu)
     keep_snapshot(ctx, actor, "rollout", ident, batch["stats"])
     return batch
 
@@ -250,10 +253,11 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     check_batches(batches)
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
+    cpu = time.process_time()
     with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as threads:
         metrics: dict[str, Any] = learner.update(list(batches), ctx.progress())
     expect(metrics, "learner", "the learner's update(batches, progress)", dict)
-    metrics["learner_threads"] = threads
+    metrics.update(learner_threads=threads, learner_cpu_s=time.process_time() - cpu)
     holder["version"] = learner_in.version + 1
     metrics.update(merge_stats([b["stats"] for b in batches]))
     metrics.update(learner_worker=worker_name(), learner_built=built,
@@ -333,6 +337,8 @@ def merge_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
         timed = [s[key] for s in stats if key in s]
         if timed:
             out[key] = max(timed)
+    if any("cpu_s" in s for s in stats):  # CPU seconds: the replicas' sum (cores they kept busy)
+        out["rollout_cpu_s"] = sum(s.get("cpu_s", 0.0) for s in stats)
     return out | {
         "env_steps": sum(s["env_steps"] for s in stats),
         "episodes": len(returns),

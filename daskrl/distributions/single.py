@@ -75,13 +75,14 @@ def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
     actor.set_weights(learner_in.weights, learner_in.version)
-    t1 = time.time()
+    t1, cpu = time.time(), time.process_time()
     batch = actor.rollout(algo.num_steps)
-    t2 = time.time()
+    t2, cpu2 = time.time(), time.process_time()
     stats = batch["stats"]
+    stats["cpu_s"] = cpu2 - cpu
     with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as threads:
         metrics = learner.update([batch], ctx.progress())
-    metrics["learner_threads"] = threads
+    metrics.update(learner_threads=threads, learner_cpu_s=time.process_time() - cpu2)
     holder["version"] = learner_in.version + 1
     stats.update(worker=worker_name(), built=actor_built, replica="all")
     keep_snapshot(ctx, actor, "single", replicas if len(replicas) > 1 else 0, stats)

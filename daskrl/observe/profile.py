@@ -99,7 +99,46 @@ def report(run_dir: Path) -> str:
     waits = learner_waits(rows, _config(run_dir))
     if waits is not None:
         lines.append(waits)
+    cores = core_use(rows)
+    if cores is not None:
+        lines.append(cores)
     return "\n".join(lines)
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in rows if not math.isnan(r.get(key, math.nan))]
+    return statistics.fmean(values) if values else math.nan
+
+
+def core_use(rows: list[dict[str, float]]) -> str | None:
+    """How many cores each role kept busy: CPU seconds per wall second while the learner
+    updates (``learner_cpu_s`` over ``learn_s``, with its torch threads) and while the
+    rollouts run (every replica's ``rollout_cpu_s`` over ``rollout_s``), and over the whole
+    iteration; None for a run without the CPU columns. A worker process's CPU counts
+    everything it ran meanwhile (its other tasks, Dask's own threads).
+
+    Examples
+    --------
+    >>> rows = [{"learner_cpu_s": 0.18, "learn_s": 0.1, "learner_threads": 2,
+    ...          "rollout_cpu_s": 0.2, "rollout_s": 0.2, "iteration_s": 0.32}]
+    >>> print(core_use(rows))
+    cores busy (CPU s / wall s): learner 1.80 updating (2 threads), rollouts 1.00, iteration 1.19
+    """
+    learner_cpu, learn = _mean(rows, "learner_cpu_s"), _mean(rows, "learn_s")
+    rollout_cpu, rollout = _mean(rows, "rollout_cpu_s"), _mean(rows, "rollout_s")
+    parts = []
+    if learn > 0 and not math.isnan(learner_cpu):
+        threads = [r["learner_threads"] for r in rows
+                   if not math.isnan(r.get("learner_threads", math.nan))]
+        kept = f" ({threads[-1]:.0f} thread{'s' if threads[-1] > 1 else ''})" if threads else ""
+        parts.append(f"learner {learner_cpu / learn:.2f} updating{kept}")
+    if rollout > 0 and not math.isnan(rollout_cpu):
+        parts.append(f"rollouts {rollout_cpu / rollout:.2f}")
+    iteration = _mean(rows, "iteration_s")
+    busy = sum(v for v in (learner_cpu, rollout_cpu) if not math.isnan(v))
+    if not parts or not iteration > 0:
+        return None
+    return f"cores busy (CPU s / wall s): {', '.join(parts)}, iteration {busy / iteration:.2f}"
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:

@@ -296,9 +296,12 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
         columns = read_metrics(out)
         summary.update(loop.distribution.headline_figures(
             since_last_switch(columns, loop.replans.records)))
-        compiled = (columns.get("compile_s") or [math.nan])[-1]
-        if not math.isnan(compiled):  # --compile: what the learner's process spent compiling
-            summary["compile_s"] = compiled
+        for key in ("compile_s", "learner_threads"):
+            # --compile: what the learner's process spent compiling; the threads its update
+            # kept (daskrl.core.learner_threads): the last row's
+            last = (columns.get(key) or [math.nan])[-1]
+            if not math.isnan(last):
+                summary[key] = int(last) if key == "learner_threads" else last
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
         summary.update(loop.evals.forgetting(summary.get("eval_return_mean", math.nan)))
