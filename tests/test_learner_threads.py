@@ -99,7 +99,7 @@ def test_a_lockstep_learner_tries_the_idle_cores_then_keeps_one_count(client, tm
     assert f"({used[-1]} thread" in report(tmp_path).splitlines()[-1]
 
 
-def test_overlapping_or_deterministic_learners_keep_their_grant(client, tmp_path):
+def test_overlapping_deterministic_or_fixed_learners_do_not_measure(client, tmp_path):
     algo = ppo()
     steps = 8 * algo.steps_per_iteration
     stale = RunSettings(out=tmp_path / "stale", steps=steps, eval=False, progress=False,
@@ -110,3 +110,7 @@ def test_overlapping_or_deterministic_learners_keep_their_grant(client, tmp_path
                         tensorboard=False, deterministic=True)
     train(client, algo, get_distribution("actors-learner"), exact)
     assert threads_column(tmp_path / "exact") == [1] * 8
+    fixed = RunSettings(out=tmp_path / "fixed", steps=steps, eval=False, progress=False,
+                        tensorboard=False)
+    train(client, algo, get_distribution("actors-learner:threads=2"), fixed)
+    assert threads_column(tmp_path / "fixed") == [2] * 8  # the option fixes the count

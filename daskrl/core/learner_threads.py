@@ -94,11 +94,12 @@ class ThreadChoice:
 
 
 @contextmanager
-def learner_threads(holder: MutableMapping[str, Any], alone: bool) -> Iterator[int]:
-    """Run the body (one learner update) with the thread count ``holder``'s
-    :class:`ThreadChoice` picks, when the learner works ``alone``; else as the task's grant.
-    Yields the count; the task's comes back afterwards (the rest of the task, a fused
-    rollout, keeps its grant).
+def learner_threads(holder: MutableMapping[str, Any], alone: bool, fixed: int = 0
+                    ) -> Iterator[int]:
+    """Run the body (one learner update) with ``fixed`` threads when given (> 0), else with
+    the count ``holder``'s :class:`ThreadChoice` picks when the learner works ``alone``,
+    else as the task's grant. Yields the count; the task's comes back afterwards (the rest
+    of the task, a fused rollout, keeps its grant).
 
     Examples
     --------
@@ -110,20 +111,24 @@ def learner_threads(holder: MutableMapping[str, Any], alone: bool) -> Iterator[i
     >>> isinstance(holder["thread_choice"], ThreadChoice), torch.get_num_threads() == before
     (True, True)
     """
-    if not alone:
-        yield torch.get_num_threads()
-        return
     grant = torch.get_num_threads()
-    choice = holder.get("thread_choice")
-    if choice is None or choice.grant != grant:  # a new grant (--resources) measures anew
-        choice = holder["thread_choice"] = ThreadChoice(grant, usable_cpus())
-    threads = choice.next()
+    choice = None
+    if fixed > 0:
+        threads = fixed
+    elif not alone:
+        threads = grant
+    else:
+        choice = holder.get("thread_choice")
+        if choice is None or choice.grant != grant:  # a new grant (--resources) measures anew
+            choice = holder["thread_choice"] = ThreadChoice(grant, usable_cpus())
+        threads = choice.next()
     if threads != grant:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
         yield threads
     finally:
-        choice.record(threads, time.perf_counter() - t0)
+        if choice is not None:
+            choice.record(threads, time.perf_counter() - t0)
         if threads != grant:
             torch.set_num_threads(grant)

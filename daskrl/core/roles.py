@@ -57,6 +57,9 @@ class TaskContext:
     """For a learner task: no other task of the run computes while it updates (a lockstep
     distribution), so the update may use the cores the others leave idle
     (:mod:`daskrl.core.learner_threads`)."""
+    learner_threads: int = 0
+    """For a learner task: its update's torch threads, fixed by the distribution's
+    ``threads`` option (0: not fixed)."""
     output_state: OutputState = "full"
     """What a learner task's output carries as its ``state`` (:func:`learner_state`):
     ``"full"`` (a checkpoint, a deterministic rerun or a rebuilt worker may need all of
@@ -254,7 +257,8 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     holder, built = resident_learner(ctx, algo, learner_in)
     learner = holder["learner"]
     cpu = time.process_time()
-    with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as threads:
+    with learner_threads(holder, ctx.learner_alone and not ctx.deterministic,
+                         ctx.learner_threads) as threads:
         metrics: dict[str, Any] = learner.update(list(batches), ctx.progress())
     expect(metrics, "learner", "the learner's update(batches, progress)", dict)
     metrics.update(learner_threads=threads, learner_cpu_s=time.process_time() - cpu)

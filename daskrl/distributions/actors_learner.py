@@ -78,11 +78,13 @@ def output_state(inputs: IterationInputs) -> OutputState:
     return "full" if inputs.checkpoint or inputs.deterministic else "light"
 
 
-def learner_context(inputs: IterationInputs, alone: bool = False) -> TaskContext:
+def learner_context(inputs: IterationInputs, alone: bool = False, threads: int = 0
+                    ) -> TaskContext:
     """The learner task's context, with the :func:`output_state` its output carries;
-    ``alone``: no rollout computes while it updates (on-policy lockstep)."""
+    ``alone``: no rollout computes while it updates (on-policy lockstep); ``threads``: the
+    update's torch threads, fixed (0: not)."""
     return dataclasses.replace(inputs.context("learner", 0), output_state=output_state(inputs),
-                               learner_alone=alone)
+                               learner_alone=alone, learner_threads=threads)
 
 
 def colocated(placement: Placement, role: str, replicas: int) -> list[tuple[int, ...]]:
@@ -118,6 +120,11 @@ class ActorsLearner(Distribution):
         The most iterations one task runs when the rollouts run inside the learner's task,
         or (``stale=1``) one group of piped tasks (default 64; the driver sizes tasks to
         about ``RunSettings.task_s``). 1 keeps one task per iteration.
+    threads : int
+        Torch threads of the learner's update (default 0: on-policy, the update takes the
+        cores the waiting rollouts leave idle when timing shows that faster,
+        :mod:`daskrl.core.learner_threads`; with ``stale=1`` the task's CPU grant). N > 0
+        fixes N.
 
     Notes
     -----
@@ -136,10 +143,11 @@ class ActorsLearner(Distribution):
     serves_coordinator = True
 
     def __init__(self, fuse: bool | str = True, stale: int | str = 0,
-                 iterations_per_task: int | str = 64) -> None:
+                 iterations_per_task: int | str = 64, threads: int | str = 0) -> None:
         self.fuse = to_bool("fuse", fuse)
         self.stale = to_int("stale", stale, minimum=0)
         self.max_count = to_int("iterations_per_task", iterations_per_task)
+        self.threads = to_int("threads", threads, minimum=0)
         if self.stale > 1:
             raise ValueError(f"option stale={stale!r} must be 0 (on-policy) or 1 (rollouts "
                              "one update behind the learner)")
@@ -247,7 +255,7 @@ class ActorsLearner(Distribution):
         learner_worker = place.worker("learner", 0)
         if self._in_learner_task(inputs):
             replicas = tuple(range(algo.num_actors))
-            return task(rollout_and_learn, learner_context(inputs, alone=True), algo,
+            return task(rollout_and_learn, learner_context(inputs, True, self.threads), algo,
                         inputs.learner_in, inputs.context("rollout", 0),
                         replicas if len(replicas) > 1 else (), inputs.count, role="learner",
                         replica=0, iteration=k, run=inputs.run,
@@ -260,11 +268,12 @@ class ActorsLearner(Distribution):
             return self._piped_group(inputs)
         acting, after = self.acting_weights(inputs)
         if acting is CARRIED:  # the group before collected this iteration's batches
-            return task(learn_carried, learner_context(inputs), algo, inputs.learner_in,
+            return task(learn_carried, learner_context(inputs, False, self.threads), algo,
+                        inputs.learner_in,
                         role="learner", replica=0, iteration=k, run=inputs.run,
                         resources=place.resources["learner"], worker=learner_worker)
         # on-policy the rollouts end before the update starts: the learner works alone
-        return task(learn, learner_context(inputs, alone=not self.stale), algo,
+        return task(learn, learner_context(inputs, not self.stale, self.threads), algo,
                     inputs.learner_in, *self._rollouts(inputs, acting, after), role="learner",
                     replica=0, iteration=k, run=inputs.run,
                     resources=place.resources["learner"], worker=learner_worker)
@@ -286,7 +295,8 @@ class ActorsLearner(Distribution):
             for rank, g in enumerate(groups, start=1)
         ]
         learner_worker = place.worker("learner", 0)
-        learned = task(learn_group, learner_context(inputs), algo, inputs.learner_in,
+        learned = task(learn_group, learner_context(inputs, False, self.threads), algo,
+                       inputs.learner_in,
                        len(groups), inputs.count, carried, role="learner", replica=0, iteration=k,
                        run=run, resources=place.resources["learner"], worker=learner_worker)
         return pinned(join, learned, *rollouts, key=task_key("join", 0, k, run),
