@@ -105,8 +105,9 @@ class Single(Distribution):
         The most iterations one task runs (default 64; the driver sizes tasks to about
         ``RunSettings.task_s``). 1 keeps one task per iteration.
     threads : int
-        Torch threads of the worker for the update (default 0: leave the worker's setting,
-        one thread under a nanny).
+        Torch threads of the worker, rollout and update (default 0: the task's CPU grant,
+        and for each update the cores the rollout leaves idle when timing shows that
+        faster, :mod:`daskrl.core.learner_threads`). N > 0 fixes N.
 
     Examples
     --------
