@@ -10,7 +10,10 @@ Stable-Baselines3's ``PPO("CnnPolicy")``, in the same run.
   float32 frames would weigh.
 - *end to end* (``--e2e``): frames/s (env steps x 4 skipped frames) of ``daskrl train
   graphs/ppo.py`` and of SB3's ``PPO("CnnPolicy")`` with the same settings (8 envs x 128 steps,
-  4 epochs of minibatch 256, CPU, one torch thread).
+  4 epochs of minibatch 256, CPU). daskrl as it runs by default (its learner takes the idle
+  core while the rollout waits when that is faster, ``daskrl.core.learner_threads``) and
+  with its update held to one torch thread (``--distribution actors-learner:threads=1``);
+  SB3 with one torch thread and with torch's default (every core).
 
 Usage::
 
@@ -49,8 +52,10 @@ FRAME_SKIP = 4
 
 SB3_CHILD = r'''
 import json, sys, time
+import os
 import torch
-torch.set_num_threads(1)
+threads = int(sys.argv[3])  # 0: every usable core, as torch starts without OMP_NUM_THREADS
+torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 import ale_py, gymnasium
 gymnasium.register_envs(ale_py)
 from stable_baselines3 import PPO
@@ -134,12 +139,12 @@ def fragment(backend: str, num_envs: int, steps: int) -> dict[str, float]:
             "obs_dtype": str(obs.dtype), "transitions": len(obs)}
 
 
-def e2e_daskrl(steps: int, out: Path, backend: str) -> dict[str, Any]:
+def e2e_daskrl(steps: int, out: Path, backend: str, *extra: str) -> dict[str, Any]:
     """``daskrl train graphs/ppo.py`` on Breakout; per-iteration times from ``metrics.csv``."""
     cmd = [sys.executable, "-m", "daskrl", "train", "graphs/ppo.py", "--env", GYM_ID,
            "--steps", str(steps), "--num-envs", "8", "--num-steps", "128",
            "--minibatch-size", "256", "--clip-coef", "0.1", "--no-clip-vloss",
-           "--env-backend", backend, "--out", str(out), "--no-progress", "--no-eval"]
+           "--env-backend", backend, "--out", str(out), "--no-progress", "--no-eval", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=_threads_env(), capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-2000:])
@@ -149,7 +154,8 @@ def e2e_daskrl(steps: int, out: Path, backend: str) -> dict[str, Any]:
     its = [{"wall_s": float(r["wall_s"]), "steps": int(float(r["iteration_env_steps"])),
             "env_s": float(r["env_s"]), "inference_s": float(r["inference_s"]),
             "learn_s": float(r["learn_s"])} for r in rows]
-    return {"env_steps": summary["env_steps"], "train_s": summary["wall_s"], **_steady(its)}
+    return {"env_steps": summary["env_steps"], "train_s": summary["wall_s"],
+            "learner_threads": summary.get("learner_threads"), **_steady(its)}
 
 
 def _steady(its: list[dict[str, float]]) -> dict[str, Any]:
@@ -168,10 +174,11 @@ def _steady(its: list[dict[str, float]]) -> dict[str, Any]:
             "per_iteration_s": {**parts, "total": span / len(rest)}}
 
 
-def e2e_sb3(steps: int) -> dict[str, Any]:
-    """SB3's ``PPO("CnnPolicy")`` on Breakout; per-iteration times from callbacks."""
-    proc = subprocess.run([sys.executable, "-c", SB3_CHILD, str(steps), "8"], cwd=ROOT,
-                          env=_threads_env(), capture_output=True, text=True)
+def e2e_sb3(steps: int, threads: int = 1) -> dict[str, Any]:
+    """SB3's ``PPO("CnnPolicy")`` on Breakout with ``threads`` torch threads (0: every
+    usable core, torch's default); per-iteration times from callbacks."""
+    proc = subprocess.run([sys.executable, "-c", SB3_CHILD, str(steps), "8", str(threads)],
+                          cwd=ROOT, env=_threads_env(), capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode or not line:
         raise RuntimeError(proc.stderr[-2000:])
@@ -222,13 +229,18 @@ def main() -> None:
         tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"atari_speed-{os.getpid()}"
         record["e2e"] = []
         for rep in range(args.repeats):
-            systems = ["daskrl", *(["daskrl-envpool"] if "envpool" in backends else []), "sb3"]
+            systems = ["daskrl", "daskrl-1-thread",
+                       *(["daskrl-envpool"] if "envpool" in backends else []), "sb3",
+                       "sb3-all-threads"]
             for system in systems if rep % 2 == 0 else systems[::-1]:
                 load = os.getloadavg()[0]
+                backend = "envpool" if system.endswith("envpool") else "gymnasium"
+                extra = (("--distribution", "actors-learner:threads=1")
+                         if system == "daskrl-1-thread" else ())
                 try:
-                    res = (e2e_sb3(args.e2e_steps) if system == "sb3" else
-                           e2e_daskrl(args.e2e_steps, tmp / f"{system}-{rep}",
-                                      "envpool" if system.endswith("envpool") else "gymnasium"))
+                    res = (e2e_sb3(args.e2e_steps, 0 if system == "sb3-all-threads" else 1)
+                           if system.startswith("sb3") else
+                           e2e_daskrl(args.e2e_steps, tmp / f"{system}-{rep}", backend, *extra))
                 except RuntimeError as exc:  # keep the rollout numbers measured so far
                     print(f"{system} failed: {exc}", file=sys.stderr)
                     continue
@@ -239,6 +251,12 @@ def main() -> None:
     record["load_after"] = load_average()
     if args.quick:
         return
+    if args.only_e2e and args.json.exists():  # the env and fragment rows measured before
+        before = json.loads(args.json.read_text())
+        record["runs"], record["envpool_threads"] = before["runs"], before["envpool_threads"]
+        record["note"] = (f"The env and fragment rows are from an earlier call (load "
+                          f"{before['load_before']['load_1m']:.1f} at its start); the end-to-"
+                          "end rows from this one (`--only-e2e`).")
     write_json(args.json, record)
     report(record)
 
@@ -281,8 +299,10 @@ def report(record: dict[str, Any]) -> None:
     ]
     if record.get("e2e"):
         e2e = record["e2e"]
-        names = {"daskrl": "daskrl (gymnasium envs)", "daskrl-envpool": "daskrl (EnvPool)",
-                 "sb3": "SB3 CnnPolicy"}
+        names = {"daskrl": "daskrl (gymnasium envs)",
+                 "daskrl-1-thread": "daskrl, update on one thread (`actors-learner:threads=1`)",
+                 "daskrl-envpool": "daskrl (EnvPool)", "sb3": "SB3 CnnPolicy, one torch thread",
+                 "sb3-all-threads": "SB3 CnnPolicy, torch's default threads (every core)"}
         systems = [s for s in names if any(r["system"] == s for r in e2e)]
         med = {s: median(r["frames_per_s"] for r in e2e if r["system"] == s) for s in systems}
         part = {(s, k): median(r["per_iteration_s"].get(k) for r in e2e if r["system"] == s)
@@ -296,9 +316,10 @@ def report(record: dict[str, Any]) -> None:
             "``inference_s`` (the CNN choosing actions); SB3: the rest of the rollout (the CNN, "
             "buffers, GAE), *update* 4 epochs x 4 minibatches of 256; *iteration* from one "
             "iteration's end to the next.",
-            markdown_table(["system", "frames/s", "/ SB3", "env s", "inference s", "update s",
-                            "iteration s"],
+            markdown_table(["system", "frames/s", "/ SB3 (one thread)", "/ SB3 (every core)",
+                            "env s", "inference s", "update s", "iteration s"],
                            [[names[s], med[s], ratio(med[s], med.get("sb3")),
+                             ratio(med[s], med.get("sb3-all-threads")),
                              part[s, "env_s"], part[s, "inference_s"], part[s, "learn_s"],
                              part[s, "total"]] for s in systems]),
         ]

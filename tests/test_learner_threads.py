@@ -49,8 +49,12 @@ def feed(choice: ThreadChoice, seconds: dict[int, float], updates: int) -> list[
 
 def test_more_threads_are_kept_only_when_clearly_faster():
     faster = ThreadChoice(1, 4, trials=3)
-    assert feed(faster, {1: 1.0, 4: 0.5}, 9) == [1, 1, 4, 1, 4, 1, 4, 4, 4]
+    assert feed(faster, {1: 1.0, 4: 0.8}, 9) == [1, 1, 4, 1, 4, 1, 4, 4, 4]
     assert faster.chosen == 4
+    clear = ThreadChoice(1, 4, trials=3)  # twice as fast: kept after one update of each
+    assert feed(clear, {1: 1.0, 4: 0.5}, 5) == [1, 1, 4, 4, 4] and clear.chosen == 4
+    worse = ThreadChoice(1, 4, trials=3)
+    assert feed(worse, {1: 1.0, 4: 2.0}, 5) == [1, 1, 4, 1, 1] and worse.chosen == 1
     tie = ThreadChoice(1, 4, trials=3)
     feed(tie, {1: 1.0, 4: 0.95}, 8)  # 5 % faster: not worth taking three cores
     assert tie.chosen == 1 and tie.next() == 1
@@ -90,7 +94,7 @@ def test_a_lockstep_learner_tries_the_idle_cores_then_keeps_one_count(client, tm
     used = threads_column(tmp_path)
     cores = usable_cpus()
     assert used[0] == 1  # the first update is not timed
-    assert sorted(used[1:7]) == [1, 1, 1, cores, cores, cores]
+    assert set(used[1:3]) == {1, cores}  # then each count in turn until one is kept
     assert len(set(used[7:])) == 1 and summary["learner_threads"] == used[-1]
     # the profile says how many cores each role kept busy, from the CPU columns
     with open(tmp_path / "metrics.csv", newline="") as fh:

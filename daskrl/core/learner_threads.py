@@ -9,7 +9,8 @@ runs nearly twice as fast on both. Whether more threads help depends on the netw
 and on what else the host runs, so :class:`ThreadChoice` measures instead of assuming: after
 an untimed first update it alternates the grant and every core this process may use, a few
 updates each, and keeps the faster by the median wall time (more threads only when at least
-10 % faster, since a tie is better left to the other processes).
+10 % faster, since a tie is better left to the other processes); a count 25 % faster in
+every update so far is kept after one update of each.
 
 :func:`learner_threads` wraps one update; the choice lives with the worker's resident
 learner, so a rebuilt learner (a lost worker, a resumed run) measures again.
@@ -31,6 +32,10 @@ MARGIN = 0.9
 """More threads are kept only when their median update takes at most this share of the
 grant's."""
 
+CLEAR = 0.75
+"""A count whose every update so far took at most this share of the other's fastest is
+kept at once, without the remaining trials (a slow update, a CNN's, costs seconds each)."""
+
 
 class ThreadChoice:
     """Times updates at the grant's thread count and at ``cores``, and keeps the faster.
@@ -47,11 +52,11 @@ class ThreadChoice:
     Examples
     --------
     >>> choice = ThreadChoice(1, 2, trials=2)
-    >>> for seconds in (9.0, 1.0, 0.5, 1.0, 0.5):  # the first is not timed
+    >>> for seconds in (9.0, 1.0, 0.8, 1.1, 0.85):  # the first is not timed
     ...     n = choice.next()
     ...     choice.record(n, seconds)
     >>> choice.chosen, choice.medians()
-    (2, {1: 1.0, 2: 0.5})
+    (2, {1: 1.05, 2: 0.825})
     >>> ThreadChoice(2, 2).next()  # nothing beyond the grant to try
     2
     """
@@ -83,9 +88,14 @@ class ThreadChoice:
             self.warm = True
             return
         self.seconds[threads].append(seconds)
-        if all(len(v) >= self.trials for v in self.seconds.values()):
-            med = self.medians()
-            best = min(med, key=med.__getitem__)
+        if not all(self.seconds.values()):
+            return
+        med = self.medians()
+        best = min(med, key=med.__getitem__)
+        if all(max(self.seconds[best]) <= CLEAR * min(v) for c, v in self.seconds.items()
+               if c != best):
+            self.chosen = best
+        elif all(len(v) >= self.trials for v in self.seconds.values()):
             self.chosen = best if med[best] <= MARGIN * med[self.grant] else self.grant
 
     def medians(self) -> dict[int, float]:
