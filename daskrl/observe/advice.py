@@ -17,6 +17,8 @@ def advice(kind: str, config: Mapping[str, Any] | None = None) -> str:
     --------
     >>> advice("learn", {"num_minibatches": 8, "num_envs": 8, "num_steps": 128})[:80]
     'learner-bound: fewer, larger minibatches (--num-minibatches 4: half as many grad'
+    >>> advice("learn", {"train_frequency": 1, "batch_size": 256})[:76]
+    'learner-bound: fewer gradient steps per env step (--train-frequency 2: one g'
     >>> advice("overhead", {})[:72]
     'overhead-bound: put more work in each task (e.g. double --num-steps and '
     """
@@ -35,6 +37,12 @@ def advice(kind: str, config: Mapping[str, Any] | None = None) -> str:
         return (f"inference-bound: batch more envs per forward pass ({doubled('num_envs')}), "
                 "or serve the policy from a GPU (--distribution central-inference "
                 "--resources learner=GPU:1)")
+    if kind == "learn" and "train_frequency" in cfg and "num_minibatches" not in cfg:
+        # a replay learner (DQN, SAC, TD3): its gradient steps follow the env steps
+        return (f"learner-bound: fewer gradient steps per env step "
+                f"({doubled('train_frequency')}: one gradient step per twice the env steps), "
+                "compile the gradient step (--compile), or give the learner a GPU "
+                "(--resources learner=GPU:1)")
     if kind == "learn":
         mb = cfg.get("num_minibatches")
         fewer = (f"--num-minibatches {max(1, mb // 2)}" if isinstance(mb, int) and mb > 1
