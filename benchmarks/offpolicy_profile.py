@@ -152,10 +152,12 @@ def sac_systems(fill: int) -> dict[str, dict[str, Callable[[], int]]]:
 
     low, high = np.array([-2.0], np.float32), np.array([2.0], np.float32)
     learner = SACLearner(3, low, high, 1, (256, 256), SACHyper())
+    compiled = SACLearner(3, low, high, 1, (256, 256), SACHyper(compile=True))
     actor = SACActor("Pendulum-v1", 1, 1, (256, 256))
     first = actor.rollout(fill)
     first["stats"]["env_steps"] = 0
     learner.update([first], 0.0)
+    compiled.update([first], 0.0)
     batch = actor.rollout(100)
     batch["stats"]["env_steps"] = 100
 
@@ -177,6 +179,8 @@ def sac_systems(fill: int) -> dict[str, dict[str, Callable[[], int]]]:
 
     return {"daskrl": {"update": lambda: learner.update([batch], 0.5)["gradient_steps"],
                        "act": act},
+            "daskrl --compile": {
+                "update": lambda: compiled.update([batch], 0.5)["gradient_steps"]},
             "sb3": {"update": sb3_update, "act": sb3_act},
             "bare step, two critic modules": {"update": sac_bare(stacked=False)},
             "bare step, critics stacked": {"update": sac_bare(stacked=True)}}
