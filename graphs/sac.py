@@ -66,7 +66,7 @@ class Config:
             buffer_size=self.buffer_size, learning_starts=self.learning_starts, tau=self.tau,
             train_frequency=self.train_frequency, policy_frequency=self.policy_frequency,
             target_network_frequency=self.target_network_frequency, autotune=self.autotune,
-            alpha=self.alpha, save_replay=self.save_replay)
+            alpha=self.alpha, save_replay=self.save_replay, compile=self.compile)
 
 
 def make_learner(config: Config, seed: int, device: str) -> SACLearner:

@@ -191,3 +191,12 @@ def test_compiled_box_steps_match_the_eager_ones_and_resume(algo):
     eager.update([data], 0.9)
     resumed.update([data], 0.9)
     assert_same_weights(eager.weights(), resumed.weights(), atol=1e-4)
+
+
+@pytest.mark.parametrize("graph", ["sac", "td3"])
+def test_the_graphs_compile_flag_reaches_the_learner(graph):
+    from daskrl.core.script import load_graph
+
+    module = load_graph(str(Path(__file__).resolve().parent.parent / "graphs" / f"{graph}.py"))
+    assert module.Config(compile=True).hyper().compile is True
+    assert module.Config().hyper().compile is False
