@@ -67,14 +67,24 @@ def test_more_threads_are_kept_only_when_clearly_faster():
 def test_the_task_keeps_its_grant_around_an_update():
     before = torch.get_num_threads()
     holder = {"thread_choice": ThreadChoice(before, before + 1, trials=1)}
-    holder["thread_choice"].warm = True
-    with learner_threads(holder, alone=True) as threads:
-        assert threads == torch.get_num_threads() == before  # the grant's turn first
-    with learner_threads(holder, alone=True) as threads:
-        assert threads == torch.get_num_threads() == before + 1
+    choice = holder["thread_choice"]
+    choice.warm = True
+    with learner_threads(holder, alone=True) as timed:
+        assert timed.threads == torch.get_num_threads() == before  # the grant's turn first
+    with pytest.raises(ZeroDivisionError):
+        with learner_threads(holder, alone=True) as timed:
+            assert timed.threads == torch.get_num_threads() == before + 1
+            raise ZeroDivisionError
+    assert torch.get_num_threads() == before  # back after a failed update too
+    assert choice.seconds[before + 1] == [] and choice.chosen is None  # not a timing
+    with learner_threads(holder, alone=True) as timed:
+        timed.skip_unless_trained({"gradient_steps": 0})  # a replay still filling
+    assert choice.seconds[before + 1] == [] and torch.get_num_threads() == before
+    with learner_threads({}, alone=False) as timed:
+        assert timed.threads == before
+    with learner_threads({}, alone=True, fixed=before + 1) as timed:
+        assert timed.threads == torch.get_num_threads() == before + 1
     assert torch.get_num_threads() == before
-    with learner_threads({}, alone=False) as threads:
-        assert threads == before
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +111,20 @@ def test_a_lockstep_learner_tries_the_idle_cores_then_keeps_one_count(client, tm
         rows = list(csv.DictReader(fh))
     assert all(float(r["learner_cpu_s"]) > 0 and float(r["rollout_cpu_s"]) > 0 for r in rows)
     assert f"({used[-1]} thread" in report(tmp_path).splitlines()[-1]
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="one CPU: no idle core to take")
+def test_single_measures_too_and_its_threads_option_fixes_the_count(client, tmp_path):
+    algo = ppo()
+    steps = 8 * algo.steps_per_iteration
+    for name, dist in (("auto", "single:iterations_per_task=1"),
+                       ("fixed", "single:iterations_per_task=1,threads=2")):
+        settings = RunSettings(out=tmp_path / name, steps=steps, eval=False, progress=False,
+                               tensorboard=False)
+        train(client, algo, get_distribution(dist), settings)
+    used = threads_column(tmp_path / "auto")
+    assert used[0] == 1 and set(used[1:3]) == {1, usable_cpus()}
+    assert threads_column(tmp_path / "fixed") == [2] * 8
 
 
 def test_overlapping_deterministic_or_fixed_learners_do_not_measure(client, tmp_path):

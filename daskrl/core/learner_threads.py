@@ -6,14 +6,23 @@ distribution: the rollouts wait for its update, and the update for them) leaves 
 cores of its host idle while it updates: on two cores a CNN's or a 256-unit critic's update
 runs nearly twice as fast on both. Whether more threads help depends on the network (a
 64-unit MLP's kernels are too small to split, and waking threads costs more than it saves)
-and on what else the host runs, so :class:`ThreadChoice` measures instead of assuming: after
-an untimed first update it alternates the grant and every core this process may use, a few
-updates each, and keeps the faster by the median wall time (more threads only when at least
-10 % faster, since a tie is better left to the other processes); a count 25 % faster in
-every update so far is kept after one update of each.
+and on what else the host runs, so :class:`ThreadChoice` measures instead of assuming:
+after an untimed first update (the first that takes gradient steps: a replay learner's
+updates before its replay holds ``learning_starts`` transitions only store) it alternates
+the grant and every core this process may use, a few updates each, and keeps the faster by
+the median wall time (more threads only when at least 10 % faster, since a tie is better
+left to the other processes); a count 25 % faster in every update so far is kept after one
+update of each.
 
 :func:`learner_threads` wraps one update; the choice lives with the worker's resident
 learner, so a rebuilt learner (a lost worker, a resumed run) measures again.
+
+Limits: the choice is made once, from the run's first updates, and sees only the learner's
+own time: a periodic evaluation (``--eval-every``) or another run on the same workers (a
+sweep's trials) running meanwhile is not weighed, and when more threads were kept they
+compete with it. A compiled step (``--compile``) keeps the thread count of its fused
+kernels from when it compiled (inductor writes it into the kernels); only its library
+calls (matrix products) follow the count.
 """
 
 from __future__ import annotations
@@ -103,20 +112,37 @@ class ThreadChoice:
         return {c: statistics.median(v) for c, v in self.seconds.items() if v}
 
 
+class Timed:
+    """What :func:`learner_threads` yields: the update's thread count, and whether its time
+    counts (the caller clears :attr:`counts` for an update that took no gradient step, as a
+    replay learner's before its replay holds ``learning_starts`` transitions)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.counts = True
+
+    def skip_unless_trained(self, metrics: MutableMapping[str, Any]) -> None:
+        """Leave this update's time out when ``metrics`` say it took no gradient step
+        (``gradient_steps`` 0; a learner that does not report it always trains)."""
+        if metrics.get("gradient_steps", 1) == 0:
+            self.counts = False
+
+
 @contextmanager
 def learner_threads(holder: MutableMapping[str, Any], alone: bool, fixed: int = 0
-                    ) -> Iterator[int]:
+                    ) -> Iterator[Timed]:
     """Run the body (one learner update) with ``fixed`` threads when given (> 0), else with
     the count ``holder``'s :class:`ThreadChoice` picks when the learner works ``alone``,
-    else as the task's grant. Yields the count; the task's comes back afterwards (the rest
-    of the task, a fused rollout, keeps its grant).
+    else as the task's grant. Yields a :class:`Timed`; the task's count comes back
+    afterwards (the rest of the task, a fused rollout, keeps its grant). An update that
+    raises, or that the caller marks as not counting, is not a timing.
 
     Examples
     --------
     >>> holder = {}
     >>> before = torch.get_num_threads()
-    >>> with learner_threads(holder, alone=True) as threads:
-    ...     threads == before  # the first update runs at the grant
+    >>> with learner_threads(holder, alone=True) as timed:
+    ...     timed.threads == before  # the first update runs at the grant
     True
     >>> isinstance(holder["thread_choice"], ThreadChoice), torch.get_num_threads() == before
     (True, True)
@@ -134,11 +160,12 @@ def learner_threads(holder: MutableMapping[str, Any], alone: bool, fixed: int = 
         threads = choice.next()
     if threads != grant:
         torch.set_num_threads(threads)
+    timed = Timed(threads)
     t0 = time.perf_counter()
     try:
-        yield threads
-    finally:
-        if choice is not None:
+        yield timed
+        if choice is not None and timed.counts:
             choice.record(threads, time.perf_counter() - t0)
+    finally:
         if threads != grant:
             torch.set_num_threads(grant)

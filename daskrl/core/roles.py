@@ -258,10 +258,11 @@ def learn(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput, *batches
     learner = holder["learner"]
     cpu = time.process_time()
     with learner_threads(holder, ctx.learner_alone and not ctx.deterministic,
-                         ctx.learner_threads) as threads:
+                         ctx.learner_threads) as timed:
         metrics: dict[str, Any] = learner.update(list(batches), ctx.progress())
-    expect(metrics, "learner", "the learner's update(batches, progress)", dict)
-    metrics.update(learner_threads=threads, learner_cpu_s=time.process_time() - cpu)
+        expect(metrics, "learner", "the learner's update(batches, progress)", dict)
+        timed.skip_unless_trained(metrics)
+    metrics.update(learner_threads=timed.threads, learner_cpu_s=time.process_time() - cpu)
     holder["version"] = learner_in.version + 1
     metrics.update(merge_stats([b["stats"] for b in batches]))
     metrics.update(learner_worker=worker_name(), learner_built=built,

@@ -80,9 +80,10 @@ def _one_iteration(ctx: TaskContext, algo: Algorithm, learner_in: LearnerOutput,
     t2, cpu2 = time.time(), time.process_time()
     stats = batch["stats"]
     stats["cpu_s"] = cpu2 - cpu
-    with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as threads:
+    with learner_threads(holder, ctx.learner_alone and not ctx.deterministic) as timed:
         metrics = learner.update([batch], ctx.progress())
-    metrics.update(learner_threads=threads, learner_cpu_s=time.process_time() - cpu2)
+        timed.skip_unless_trained(metrics)
+    metrics.update(learner_threads=timed.threads, learner_cpu_s=time.process_time() - cpu2)
     holder["version"] = learner_in.version + 1
     stats.update(worker=worker_name(), built=actor_built, replica="all")
     keep_snapshot(ctx, actor, "single", replicas if len(replicas) > 1 else 0, stats)
