@@ -254,9 +254,10 @@ def main() -> None:
     if args.only_e2e and args.json.exists():  # the env and fragment rows measured before
         before = json.loads(args.json.read_text())
         record["runs"], record["envpool_threads"] = before["runs"], before["envpool_threads"]
+        record["env_rows_load"] = before.get("env_rows_load", before["load_before"]["load_1m"])
         record["note"] = (f"The env and fragment rows are from an earlier call (load "
-                          f"{before['load_before']['load_1m']:.1f} at its start); the end-to-"
-                          "end rows from this one (`--only-e2e`).")
+                          f"{record['env_rows_load']:.1f} at its start); the end-to-end rows "
+                          "from this one (`--only-e2e`).")
     write_json(args.json, record)
     report(record)
 

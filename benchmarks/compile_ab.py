@@ -156,7 +156,7 @@ def main() -> None:
     cmd = (f"python benchmarks/compile_ab.py --graphs {' '.join(args.graphs)}"
            f"{f' --steps {args.steps}' if args.steps else ''} --repeats {args.repeats}"
            f"{' --cold' if args.cold else ''}")
-    loads = [r["load_1m_before"] for r in runs]
+    loads = [r["load_1m_before"] for r in runs if r["graph"] in args.graphs]
     update_section(HERE / "compile_ab.md", "cold" if args.cold else "warm", "\n".join([
         table(rows), "",
         f"`{cmd}`: 1-minute load {min(loads):.1f}-{max(loads):.1f} at the runs' starts "

@@ -39,10 +39,10 @@ def advice(kind: str, config: Mapping[str, Any] | None = None) -> str:
                 "--resources learner=GPU:1)")
     if kind == "learn" and "train_frequency" in cfg and "num_minibatches" not in cfg:
         # a replay learner (DQN, SAC, TD3): its gradient steps follow the env steps
+        compile = "" if cfg.get("compile") else "compile the gradient step (--compile), "
         return (f"learner-bound: fewer gradient steps per env step "
                 f"({doubled('train_frequency')}: one gradient step per twice the env steps), "
-                "compile the gradient step (--compile), or give the learner a GPU "
-                "(--resources learner=GPU:1)")
+                f"{compile}or give the learner a GPU (--resources learner=GPU:1)")
     if kind == "learn":
         mb = cfg.get("num_minibatches")
         fewer = (f"--num-minibatches {max(1, mb // 2)}" if isinstance(mb, int) and mb > 1
