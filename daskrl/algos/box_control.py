@@ -15,11 +15,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from daskrl.algos.compiled_step import compile_seconds
 from daskrl.algos.ensemble import StackedMLP
 from daskrl.algos.env_runner import NO_COST, StepCost
+from daskrl.algos.gradient_update import clipped_step
 from daskrl.algos.offpolicy import TensorMeans, as_tensors, cpu_copy, minibatches
 from daskrl.algos.qnet import relu_mlp
 from daskrl.algos.replay_learner import ReplayLearner
@@ -124,22 +125,28 @@ class BoxLearner(ReplayLearner):
     actors told to stop exploring once learning starts; ``actor``'s weights for them.
 
     A subclass sets ``actor`` (the policy module, with an ``explore`` buffer), ``hyper``
-    (with ``batch_size``), ``device`` and ``compiled`` (its compiled steps, None when
-    eager), and writes :meth:`_step`.
+    (with ``batch_size``), ``device``, the twin critics ``qf`` with their parameters
+    ``q_params`` and optimiser ``q_optimizer``, and writes :meth:`_step`.
     """
 
     actor: nn.Module
     hyper: Any
     device: str
-    compiled: Any
+    qf: TwinQ
+    q_params: list[Tensor]
+    q_optimizer: torch.optim.Optimizer
 
-    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
-        """:meth:`ReplayLearner.update`, and with compiled steps the seconds compiling cost
-        so far (``compile_s``)."""
-        metrics = super().update(batches, progress)
-        if self.compiled is not None:
-            metrics["compile_s"] = compile_seconds()
-        return metrics
+    def _fit_critics(self, obs: Tensor, act: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        """Both critics' loss towards ``target``, its gradients and the Adam step (part of a
+        compiled step as of an eager one); returns the loss and the first critic's mean
+        value."""
+        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
+        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
+        with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
+            loss_value, q1 = qf_loss.clone(), q[0].mean()
+        clipped_step(self.q_optimizer, self.q_params,
+                     torch.autograd.grad(qf_loss, self.q_params), [], 0.0)
+        return loss_value, q1
 
     @abstractmethod
     def _step(self, b: dict[str, Tensor], means: TensorMeans) -> None:

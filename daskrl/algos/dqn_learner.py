@@ -136,14 +136,6 @@ class DQNLearner(ReplayLearner):
         set_learning_rate(self.optimizer, lr)
         return {"charts/epsilon": float(self.net.epsilon), "charts/learning_rate": lr}
 
-    def update(self, batches: list[Batch], progress: float) -> dict[str, float]:
-        """:meth:`ReplayLearner.update`, and with compiled steps the seconds compiling cost
-        so far (``compile_s``)."""
-        metrics = super().update(batches, progress)
-        if self.compiled is not None:
-            metrics["compile_s"] = compile_seconds()
-        return metrics
-
     def train(self, ends: list[int], progress: float, means: TensorMeans) -> None:
         """A gradient step at each of ``ends``; the target updates after each step that
         crosses a multiple of ``target_network_frequency`` env steps."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
+from daskrl.algos.compiled_step import compile_seconds
 from daskrl.algos.offpolicy import TensorMeans, restore_replay
 from daskrl.algos.replay_buffers import ReplayBuffer
 
@@ -59,6 +60,10 @@ class ReplayLearner(ABC):
     >>> [learner.update([batch], 0.0)["gradient_steps"] for _ in range(3)]
     [0, 2, 2]
     """
+
+    compiled: Any = None
+    """The subclass's compiled gradient steps (``--compile``), None when it steps eagerly;
+    with them :meth:`update` reports ``compile_s``."""
 
     def __init__(self, replay: ReplayBuffer, learning_starts: int, train_frequency: int,
                  save_replay: bool = True) -> None:
@@ -120,6 +125,8 @@ class ReplayLearner(ABC):
                         "replay_lost": self.replay_lost})
         self.replay_lost = 0
         metrics.update({f"losses/{k}": v for k, v in means.means().items()})
+        if self.compiled is not None:  # what compiling cost this process so far
+            metrics["compile_s"] = compile_seconds()
         return metrics
 
     def replay_metrics(self) -> dict[str, float]:

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
@@ -176,13 +175,7 @@ class SACLearner(BoxLearner):
             next_act, next_logp = self.actor.squash(nxt, noise)
             smaller = self.qf_target.both(nxt, next_act).amin(0)
             target = rewards + discounts * (smaller - alpha * next_logp)
-        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
-        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
-        with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
-            loss_value, q1 = qf_loss.clone(), q[0].mean()
-        clipped_step(self.q_optimizer, self.q_params,
-                     torch.autograd.grad(qf_loss, self.q_params), [], 0.0)
-        return loss_value, q1
+        return self._fit_critics(obs, act, target)
 
     def _actor_fit(self, obs: Tensor, noise: Tensor, alpha_noise: Tensor
                    ) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from daskrl.algos.box_control import BoxActor, BoxLearner, TwinQ, box_dims
@@ -195,13 +194,7 @@ class TD3Learner(BoxLearner):
             next_act = torch.maximum(torch.minimum(self.actor_target(nxt) + noise, actor.high),
                                      actor.low)
             target = rewards + discounts * self.qf_target.both(nxt, next_act).amin(0)
-        q = self.qf.both(obs, act)  # [2, B]: both critics' losses as one mean, doubled
-        qf_loss = 2 * F.mse_loss(q, target.expand_as(q))
-        with torch.no_grad():  # outside the graph autograd.grad consumes: no graph break
-            loss_value, q1 = qf_loss.clone(), q[0].mean()
-        clipped_step(self.q_optimizer, self.q_params,
-                     torch.autograd.grad(qf_loss, self.q_params), [], 0.0)
-        return loss_value, q1
+        return self._fit_critics(obs, act, target)
 
     def _actor_fit(self, obs: Tensor) -> Tensor:
         """One actor step up the first critic (the actor's gradients only: the critics'
