@@ -159,11 +159,8 @@ class SACLearner(BoxLearner):
             polyak_(self.target_params, self.q_params, h.tau)
 
     def _noise(self, obs: Tensor) -> Tensor:
-        """Standard normal noise for one action per row of ``obs`` (the learner's
-        generator)."""
-        scale = self.actor.scale
-        return torch.randn((obs.shape[0], *scale.shape), generator=self.generator,
-                           device=scale.device, dtype=scale.dtype)
+        """The actor's noise for one action per row of ``obs`` (the learner's generator)."""
+        return self.actor.noise(obs.shape[0], self.generator)
 
     def _critic_fit(self, obs: Tensor, act: Tensor, nxt: Tensor, rewards: Tensor,
                     discounts: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:

@@ -55,9 +55,13 @@ class SquashedGaussian(nn.Module):
         """Reparameterised actions and their log-probabilities (tanh's Jacobian included),
         the noise drawn from ``generator`` (on the module's device; torch's global one when
         None)."""
-        noise = torch.randn((obs.shape[0], *self.scale.shape), generator=generator,
-                            device=self.scale.device, dtype=self.scale.dtype)
-        return self.squash(obs, noise)
+        return self.squash(obs, self.noise(obs.shape[0], generator))
+
+    def noise(self, rows: int, generator: torch.Generator | None = None) -> Tensor:
+        """Standard normal noise for ``rows`` actions (on the module's device), drawn from
+        ``generator``: what :meth:`sample` draws, for a caller of :meth:`squash`."""
+        return torch.randn((rows, *self.scale.shape), generator=generator,
+                           device=self.scale.device, dtype=self.scale.dtype)
 
     def squash(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """:meth:`sample` with the standard normal ``noise`` given (shape: the actions'):
