@@ -69,7 +69,7 @@ def tactics(run: Path, games: int, seed: int) -> dict[str, dict[str, float]]:
     fixed player (a position with both counts as a win to take)."""
     from daskrl.core.script import load_graph
     from daskrl.runtime.checkpoint import load_latest
-    from marl.board_game import both_seats, winning_moves
+    from marl.board_game import both_seats, called_for
 
     graph = load_graph(GRAPH)
     config = run_config(graph, run).resolved()
@@ -83,14 +83,13 @@ def tactics(run: Path, games: int, seed: int) -> dict[str, dict[str, float]]:
             actions = policy(obs)
             planes = obs[:, :-7].reshape(len(obs), 6, 7, 2)
             for board, action in zip(planes, actions, strict=True):
-                win = winning_moves(board[:, :, 0], board[:, :, 1])
-                threat = winning_moves(board[:, :, 1], board[:, :, 0])
-                if win:
+                kind, columns = called_for(board[:, :, 0], board[:, :, 1])
+                if kind == "win":
                     seen["wins"] += 1
-                    seen["taken"] += int(action in win)
-                elif threat:
+                    seen["taken"] += int(action in columns)
+                elif kind == "block":
                     seen["threats"] += 1
-                    seen["blocked"] += int(action in threat)
+                    seen["blocked"] += int(action in columns)
             return actions
         both_seats("connect_four_v3", counting, graph.benchmark_player(config, other, seed + 1),
                    games, seed)
@@ -196,7 +195,7 @@ def main() -> None:
                         help="games from each seat in which immediate wins and blocks are "
                              "counted")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--torso", choices=("mlp", "conv"), default="mlp",
+    parser.add_argument("--torso", choices=("mlp", "conv", "fcn"), default="mlp",
                         help="the network's torso (graphs/league.py --torso)")
     parser.add_argument("--pfsp", choices=("hard", "variance", "uniform"), default="hard",
                         help="PFSP's weighting (graphs/league.py --pfsp)")

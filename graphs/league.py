@@ -107,10 +107,14 @@ class Config:
     max_grad_norm: float | None = setting("gradient-norm clip (simple tag: of each team's "
                                           "actor and critic); default 0.5, simple tag 10", None)
     hidden: int | None = setting("hidden units (each of the MLP's two layers; the conv "
-                                 "torso's one); default 128, simple tag 64", None)
-    torso: Literal["conv", "mlp"] = setting(
-        "the network's torso: convolutions over the board (then one hidden layer), or an MLP "
-        "over the flattened planes", "mlp")
+                                 "torso's one; the fcn torso's critic MLP's two); default 128, "
+                                 "simple tag 64", None)
+    torso: Literal["conv", "fcn", "mlp"] = setting(
+        "the network's torso: an MLP over the flattened planes (mlp); convolutions over the "
+        "board, then one hidden layer (conv); or convolutions to a score per board cell, a "
+        "move scored by its empty cells, the value from an MLP (fcn: it learns Connect Four's "
+        "tactics from labelled positions far better, but in the league it has trained worse "
+        "than mlp so far: benchmarks/league.md)", "mlp")
     mirror: bool = setting(
         "board games: a network symmetric under the board's left-right mirror (logits and value "
         "averaged over the position and its mirror image)", False)
@@ -190,7 +194,7 @@ def network(config: Config) -> MaskedActorCritic:
     """The policy-value network for the game's board and moves."""
     shape = GameShape.of(config.env)
     return MaskedActorCritic(shape.board, shape.actions, (config.hidden,) * 2, config.torso,
-                             mirror=shape.mirror if config.mirror else None)
+                             mirror=shape.mirror if config.mirror else None, cells=shape.cells)
 
 
 def make_learner(config: Config, seed: int, device: str) -> LeagueLearner:

@@ -10,9 +10,10 @@ network masks illegal moves itself.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,10 @@ class GameShape:
     mirror: tuple[int, ...] | None = None
     """Move ``mirror[a]`` of the board mirrored left to right is move ``a``'s mirror image
     (None: not known)."""
+    cells: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
+    """For each move, the board cells (flat, ``row * cols + col``) it can put a piece on, read
+    from the game (:func:`move_cells`): a Connect Four column's six cells, one tic-tac-toe
+    cell (empty: not read). The ``fcn`` torso scores each cell and a move by its cells."""
 
     @property
     def features(self) -> int:
@@ -80,22 +85,51 @@ class GameShape:
         91
         >>> GameShape.of("tictactoe_v3").mirror
         (2, 1, 0, 5, 4, 3, 8, 7, 6)
+        >>> GameShape.of("connect_four_v3").cells[0]  # column 0, top row to bottom
+        (0, 7, 14, 21, 28, 35)
         """
-        env = make_game(name)
-        space = env.observation_space(env.possible_agents[0])
-        board = tuple(space["observation"].shape)
-        actions = int(space["action_mask"].shape[0])
-        # where each first move lands, read from the game itself: the mirror of a move is the
-        # move that lands on the mirrored cell
-        cells = []
-        for action in range(actions):
-            env.reset(seed=0)
+        return _shape_of(name)
+
+
+@functools.cache
+def _shape_of(name: str) -> GameShape:
+    """:meth:`GameShape.of`, read once per process (it plays the game's moves)."""
+    env = make_game(name)
+    space = env.observation_space(env.possible_agents[0])
+    board = tuple(space["observation"].shape)
+    actions = int(space["action_mask"].shape[0])
+    # where each first move lands, read from the game itself: the mirror of a move is the
+    # move that lands on the mirrored cell
+    first = []
+    for action in range(actions):
+        env.reset(seed=0)
+        mover = env.agent_selection
+        env.step(action)
+        first.append(tuple(np.argwhere(env.observe(mover)["observation"][..., 0])[0]))
+    mirrored = [(row, board[1] - 1 - col) for row, col in first]
+    mirror = tuple(first.index(c) for c in mirrored) if set(mirrored) == set(first) else None
+    return GameShape(board, actions, mirror, move_cells(env, actions))
+
+
+def move_cells(env: Any, actions: int) -> tuple[tuple[int, ...], ...]:
+    """The board cells each move can put a piece on (flat indices into the planes'
+    ``rows x cols``), read from the game: from a fresh game, the move is played again and
+    again (the seats taking turns) while it is legal, each piece's cell noted."""
+    out = []
+    for action in range(actions):
+        env.reset(seed=0)
+        cells: set[int] = set()
+        while not all(env.terminations.values()) and not all(env.truncations.values()):
             mover = env.agent_selection
+            observation = env.observe(mover)
+            if not observation["action_mask"][action]:
+                break
+            before = observation["observation"][..., 0].reshape(-1).copy()
             env.step(action)
-            cells.append(tuple(np.argwhere(env.observe(mover)["observation"][..., 0])[0]))
-        mirrored = [(row, board[1] - 1 - col) for row, col in cells]
-        mirror = tuple(cells.index(c) for c in mirrored) if set(mirrored) == set(cells) else None
-        return cls(board, actions, mirror)
+            after = env.observe(mover)["observation"][..., 0].reshape(-1)
+            cells.update(int(c) for c in np.flatnonzero(after > before))
+        out.append(tuple(sorted(cells)))
+    return tuple(out)
 
 
 def flat_observation(observation: dict[str, np.ndarray]) -> np.ndarray:
@@ -116,6 +150,11 @@ def masked_logits(logits: Tensor, mask: Tensor) -> Tensor:
     return logits.masked_fill(mask < 0.5, torch.finfo(logits.dtype).min)
 
 
+FCN_LAYERS = 4
+"""3x3 convolutions of the ``fcn`` torso: each cell sees the 9x9 around it, every line of
+four through it included."""
+
+
 class MaskedActorCritic(nn.Module):
     """Categorical policy over legal moves and a state value, from flat observations whose
     last ``num_actions`` entries are the action mask.
@@ -123,7 +162,14 @@ class MaskedActorCritic(nn.Module):
     ``torso="mlp"``: separate actor and critic MLPs over the flattened planes (as PPO's
     discrete head). ``torso="conv"``: a shared convolutional torso over the board (two 3x3
     convolutions, a 1x1 one down to 8 channels, then a hidden layer), which sees a line of
-    pieces wherever it lies on the board. With ``mirror`` (a :attr:`GameShape.mirror`) the
+    pieces wherever it lies on the board. ``torso="fcn"`` (fully convolutional, with
+    ``cells``, a :attr:`GameShape.cells`): :data:`FCN_LAYERS` 3x3 convolutions over the planes
+    and a plane of ones (so the board's edge differs from an empty cell), then a score for each
+    cell; a move's logit is the sum of the scores of its empty cells (a column's, in Connect
+    Four); the value is the mlp torso's critic. A line of four through a cell lies inside the
+    cell's 9x9 view, and the same filters look at every cell, so a winning or blocking cell
+    learned in one place is recognised in others (``benchmarks/board_tactics.py`` compares the
+    torsos on Connect Four's tactics). With ``mirror`` (a :attr:`GameShape.mirror`) the
     network is symmetric by construction: logits and value are the means over the position and
     its left-right mirror image, each move's logit taken from its mirror move's, so what it
     learns of a line on one side holds on the other. It offers what
@@ -145,6 +191,10 @@ class MaskedActorCritic(nn.Module):
     >>> flip = torch.cat([x[:, :84].reshape(3, 6, 7, 2).flip(2).reshape(3, 84), x[:, 84:]], 1)
     >>> torch.allclose(sym.logits(x), sym.logits(flip).flip(1), atol=1e-6)
     True
+    >>> shape = GameShape.of("connect_four_v3")
+    >>> fcn = MaskedActorCritic(shape.board, 7, (64,), torso="fcn", cells=shape.cells)
+    >>> fcn.evaluate(torch.zeros(5, 91), torch.zeros(5))[2].shape
+    torch.Size([5])
     """
 
     action_shape: tuple[int, ...] = ()
@@ -154,7 +204,8 @@ class MaskedActorCritic(nn.Module):
 
     def __init__(self, board: tuple[int, ...], num_actions: int,
                  hidden: tuple[int, ...] = (128, 128), torso: str = "mlp",
-                 channels: int = 32, mirror: Sequence[int] | None = None) -> None:
+                 channels: int = 32, mirror: Sequence[int] | None = None,
+                 cells: Sequence[Sequence[int]] | None = None) -> None:
         super().__init__()
         self.board, self.num_actions, self.torso = tuple(board), num_actions, torso
         self.board_features = int(np.prod(board))
@@ -177,8 +228,35 @@ class MaskedActorCritic(nn.Module):
                 layer(8 * rows * cols, width), nn.ReLU())
             self.actor = layer(width, num_actions, std=0.01)
             self.critic = layer(width, 1, std=1.0)
+        elif torso == "fcn":
+            self._fcn(channels, hidden, cells)
         else:
-            raise ValueError(f"torso {torso!r} is not known: choose mlp or conv")
+            raise ValueError(f"torso {torso!r} is not known: choose mlp, conv or fcn")
+
+    def _fcn(self, channels: int, hidden: tuple[int, ...],
+             cells: Sequence[Sequence[int]] | None) -> None:
+        rows, cols, planes = self.board
+        covered = {c for where in cells or () for c in where}
+        if (not cells or len(cells) != self.num_actions or not all(cells)
+                or covered != set(range(rows * cols))):
+            raise ValueError("torso fcn needs the board cells of each of the "
+                             f"{self.num_actions} moves, covering the {rows}x{cols} board: pass "
+                             "cells=GameShape.of(game).cells")
+        body: list[nn.Module] = []
+        for n_in in (planes + 1, *(channels,) * (FCN_LAYERS - 1)):
+            body += [conv(n_in, channels, 3, 1, padding=1), nn.ReLU()]
+        self.body = nn.Sequential(*body)
+        self.actor = nn.Conv2d(channels, 1, 1)
+        nn.init.orthogonal_(self.actor.weight, 0.01)
+        nn.init.zeros_(self.actor.bias)
+        # the value from its own MLP (the mlp torso's critic): only the policy's loss trains
+        # the convolutions
+        self.critic = mlp(self.board_features, 1, hidden, out_std=1.0)
+        moves = torch.zeros(rows * cols, self.num_actions)
+        for move, where in enumerate(cells):
+            moves[list(where), move] = 1.0
+        # not in the state dict: read from the game (GameShape.cells) each time
+        self.register_buffer("moves", moves, persistent=False)
 
     def _heads(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Raw logits, values ``(B,)`` and the action mask of flat observations."""
@@ -188,9 +266,16 @@ class MaskedActorCritic(nn.Module):
         if self.mirror is not None:  # one pass over the positions and their mirror images
             flipped = board.reshape(n, *self.board).flip(2).reshape(n, -1)
             board = torch.cat([board, flipped])
-        if self.torso == "conv":  # planes last in the observation, channels first for conv
-            board = self.body(board.reshape(len(board), *self.board).permute(0, 3, 1, 2))
-        logits, values = self.actor(board), self.critic(board).squeeze(-1)
+        if self.torso == "fcn":
+            planes = board.reshape(len(board), *self.board).permute(0, 3, 1, 2)
+            features = self.body(torch.cat([planes, torch.ones_like(planes[:, :1])], 1))
+            empty = 1.0 - planes.sum(1).flatten(1)  # a filled cell takes no move
+            logits = (self.actor(features).flatten(1) * empty) @ self.moves
+            values = self.critic(board).squeeze(-1)
+        else:
+            if self.torso == "conv":  # planes last in the observation, channels first
+                board = self.body(board.reshape(len(board), *self.board).permute(0, 3, 1, 2))
+            logits, values = self.actor(board), self.critic(board).squeeze(-1)
         if self.mirror is not None:
             logits = 0.5 * (logits[:n] + logits[n:, self.mirror])
             values = 0.5 * (values[:n] + values[n:])
@@ -337,6 +422,53 @@ def winning_moves(mine: np.ndarray, theirs: np.ndarray) -> list[int]:
     return [c for c in range(mine.shape[1]) if land[c] >= 0 and completes_four(mine, land[c], c)]
 
 
+def called_for(mine: np.ndarray, theirs: np.ndarray) -> tuple[str, list[int]]:
+    """Connect Four: what a position calls for (one board): ``("win", columns that win at
+    once)``, else ``("block", columns where the other side wins at once)``, else ``("", [])``.
+
+    Examples
+    --------
+    >>> mine, theirs = np.zeros((6, 7)), np.zeros((6, 7))
+    >>> theirs[5, 0:3] = 1; mine[4, 0:2] = 1
+    >>> called_for(mine, theirs), called_for(theirs, mine)
+    (('block', [3]), ('win', [3]))
+    """
+    win = winning_moves(mine, theirs)
+    if win:
+        return "win", win
+    threats = winning_moves(theirs, mine)
+    return ("block", threats) if threats else ("", [])
+
+
+def tactical_positions(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Connect Four positions from random games that call for a move (:func:`called_for`):
+    a win now, or the block of the other side's only immediate win (two threats cannot both
+    be blocked). Returns ``count`` flat observations ``[count, 91]`` and, for each, which of
+    the 7 moves do what the position calls for (``[count, 7]`` bool: every winning column).
+
+    Examples
+    --------
+    >>> obs, right = tactical_positions(3)
+    >>> obs.shape, right.shape, bool(right.any(1).all())
+    ((3, 91), (3, 7), True)
+    """
+    rng = np.random.default_rng(seed)
+    found: list[np.ndarray] = []
+    right: list[np.ndarray] = []
+    env = make_game("connect_four_v3")
+    while len(found) < count:
+        env.reset(seed=int(rng.integers(2**31)))
+        while len(found) < count and not all(env.terminations.values()):
+            obs = flat_observation(env.observe(env.agent_selection))
+            planes = obs[:84].reshape(6, 7, 2)
+            kind, columns = called_for(planes[:, :, 0], planes[:, :, 1])
+            if kind == "win" or (kind == "block" and len(columns) == 1):
+                found.append(obs)
+                right.append(np.isin(np.arange(7), columns))
+            env.step(int(rng.choice(np.flatnonzero(obs[84:]))))
+    return np.stack(found), np.stack(right)
+
+
 def lookahead_player(shape: GameShape, seed: int = 0) -> Player:
     """Connect Four's one-step look-ahead player: it wins when it can, blocks a win of the
     other player when it must, and otherwise moves at random among the legal moves.
@@ -358,11 +490,9 @@ def lookahead_player(shape: GameShape, seed: int = 0) -> Player:
         actions = fallback(obs)
         planes = obs[:, : -shape.actions].reshape(len(obs), *shape.board)
         for i in range(len(obs)):
-            mine, theirs = planes[i, :, :, 0], planes[i, :, :, 1]
-            win = winning_moves(mine, theirs)
-            block = winning_moves(theirs, mine) if not win else []
-            if win or block:
-                actions[i] = (win or block)[0]
+            columns = called_for(planes[i, :, :, 0], planes[i, :, :, 1])[1]
+            if columns:
+                actions[i] = columns[0]
         return actions
     return play
 

@@ -104,7 +104,8 @@ class GameActor:
 
     def _network(self) -> MaskedActorCritic:
         return MaskedActorCritic(self.shape.board, self.shape.actions, self.hidden, self.torso,
-                                 mirror=self.shape.mirror if self.mirror else None)
+                                 mirror=self.shape.mirror if self.mirror else None,
+                                 cells=self.shape.cells)
 
     def resized(self, num_envs: int, seed: int) -> GameActor:
         """A copy playing ``num_envs`` games (fused replicas, ``single``)."""

@@ -204,8 +204,9 @@ def test_the_mirror_map_is_the_games_own_and_the_symmetric_network_keeps_it(game
     x = torch.as_tensor(np.stack([a for a, _ in pairs]))
     x_mirrored = torch.as_tensor(np.stack([b for _, b in pairs]))
     torch.manual_seed(0)
-    for torso in ("mlp", "conv"):
-        sym = MaskedActorCritic(shape.board, shape.actions, (32, 32), torso, mirror=shape.mirror)
+    for torso in ("mlp", "conv", "fcn"):
+        sym = MaskedActorCritic(shape.board, shape.actions, (32, 32), torso, mirror=shape.mirror,
+                                cells=shape.cells)
         probs = torch.softmax(sym.logits(x), -1)
         torch.testing.assert_close(torch.softmax(sym.logits(x_mirrored), -1), probs[:, mirror])
         torch.testing.assert_close(sym.value(x_mirrored), sym.value(x))
