@@ -6,7 +6,8 @@ positions it has not seen.
 
 This separates what a network can learn from what the league's self-play teaches it: the
 league's greedy policy misses immediate wins and blocks (``league.md``'s tactics lines), and
-a torso that cannot pick them out even from labelled positions caps any training.
+a torso that picks them out poorly even from labelled positions limits what training on
+games can reach.
 
     python benchmarks/board_tactics.py              # results/board_tactics.json + the table
     python benchmarks/board_tactics.py --quick      # smoke: 2k positions, 2 epochs, 1 seed
@@ -73,7 +74,14 @@ def train_and_test(torso: str, train: tuple[Any, Any], test: tuple[Any, Any], ep
             moves = net.logits(x_test).argmax(-1)
             curve.append(right_test[torch.arange(len(moves)), moves].float().mean().item())
     return {"accuracy": curve[-1], "curve": curve, "cpu_s": cpu_s,
-            "params": sum(p.numel() for p in net.parameters())}
+            "params": sum(p.numel() for p in net.parameters()),
+            "policy_params": policy_params(net)}
+
+
+def policy_params(net: Any) -> int:
+    """Parameters that choose moves (all but the critic's, which :func:`called_loss` leaves
+    untrained)."""
+    return sum(p.numel() for name, p in net.named_parameters() if not name.startswith("critic"))
 
 
 def unseen(x: torch.Tensor, right: torch.Tensor, split: int
@@ -113,15 +121,15 @@ def main() -> None:
         rows.append({"torso": torso, "seeds": args.seeds, "runs": runs,
                      "median_accuracy": median(r["accuracy"] for r in runs),
                      "median_cpu_s": median(r["cpu_s"] for r in runs),
-                     "params": runs[0]["params"]})
+                     "params": runs[0]["params"], "policy_params": runs[0]["policy_params"]})
         print(torso, [round(r["accuracy"], 3) for r in runs], flush=True)
     result = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "test_positions": len(test[0]), "rows": rows, "load_before": load_before,
               "load_after": load_average(), "machine": machine_info()}
     table = markdown_table(
-        ["torso", "parameters", "right moves, held out (median)", "per seed",
+        ["torso", "policy parameters", "right moves, held out (median)", "per seed",
          "CPU s to train"],
-        [[r["torso"], r["params"], fmt(r["median_accuracy"]),
+        [[r["torso"], r["policy_params"], fmt(r["median_accuracy"]),
           " / ".join(fmt(run["accuracy"]) for run in r["runs"]), fmt(r["median_cpu_s"])]
          for r in rows])
     text = (f"{args.positions:,} training positions and {len(test[0]):,} held-out ones (of "

@@ -432,6 +432,9 @@ def called_for(mine: np.ndarray, theirs: np.ndarray) -> tuple[str, list[int]]:
     >>> theirs[5, 0:3] = 1; mine[4, 0:2] = 1
     >>> called_for(mine, theirs), called_for(theirs, mine)
     (('block', [3]), ('win', [3]))
+    >>> mine[3:6, 6] = 1  # three of its own up column 6: its win comes before the block
+    >>> called_for(mine, theirs)
+    ('win', [6])
     """
     win = winning_moves(mine, theirs)
     if win:

@@ -97,7 +97,8 @@ def test_tactical_positions_call_for_a_win_or_the_only_block():
     for x, ok in zip(obs, right, strict=True):
         planes = x[:84].reshape(6, 7, 2)
         mine, theirs = planes[:, :, 0], planes[:, :, 1]
-        assert not fours(mine) and not fours(theirs) and 0 <= mine.sum() - theirs.sum() + 1 <= 1
+        assert not fours(mine) and not fours(theirs)
+        assert mine.sum() - theirs.sum() in (0, -1)  # the mover has as many pieces, or one fewer
         legal = np.flatnonzero(x[84:])
         wins = [c for c in legal if fours(drop(mine, theirs, c))]
         threats = [c for c in legal if fours(drop(theirs, mine, c))]
