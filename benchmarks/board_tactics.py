@@ -53,7 +53,8 @@ def train_and_test(torso: str, train: tuple[Any, Any], test: tuple[Any, Any], ep
     Adam (1e-3) on :func:`called_loss`; after each epoch, the share of ``test`` positions
     where its greedy move is a right one. ``cpu_s``: the training's CPU seconds (not the
     tests')."""
-    from marl.board_game import GameShape, MaskedActorCritic
+    from marl.board_game import GameShape
+    from marl.board_network import MaskedActorCritic
 
     shape = GameShape.of("connect_four_v3")
     torch.manual_seed(seed)

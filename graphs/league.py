@@ -39,14 +39,12 @@ from marl.board_game import (
     GAMES,
     SCRIPTED,
     GameShape,
-    MaskedActorCritic,
-    MaskedPolicy,
     both_seats,
     lookahead_player,
-    network_player,
     random_player,
     scripted_player,
 )
+from marl.board_network import MaskedActorCritic, MaskedPolicy, network_player
 from marl.league_actor import GameActor
 from marl.league_learner import LeagueLearner, member_names
 from marl.mappo import (

@@ -25,12 +25,12 @@ import torch
 from daskrl.league.coordinator import MAIN, PREFIX, RANDOM, RATING, SELF, member_weights
 from marl.board_game import (
     GameShape,
-    MaskedActorCritic,
     flat_observation,
     make_game,
     random_player,
     scripted_player,
 )
+from marl.board_network import MaskedActorCritic
 
 
 def game_advantages(values: np.ndarray, reward: float, gamma: float, lam: float

@@ -39,7 +39,7 @@ class LeagueLearner:
 
     Examples
     --------
-    >>> from marl.board_game import MaskedActorCritic
+    >>> from marl.board_network import MaskedActorCritic
     >>> make = lambda seed: ActorCriticLearner(0, 0, seed, network=lambda: MaskedActorCritic(
     ...     (3, 3, 2), 9, (8,)))
     >>> learner = LeagueLearner(member_names(1), make, seed=0)

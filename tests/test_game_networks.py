@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from marl.board_game import GameShape, MaskedActorCritic, make_game, tactical_positions
+from marl.board_game import GameShape, make_game, tactical_positions
+from marl.board_network import MaskedActorCritic
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 

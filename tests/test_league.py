@@ -37,7 +37,6 @@ from daskrl.runtime.driver import RunSettings, train
 from daskrl.runtime.sync_backend import SyncBackend
 from marl.board_game import (
     GameShape,
-    MaskedActorCritic,
     both_seats,
     flat_observation,
     lookahead_player,
@@ -45,6 +44,7 @@ from marl.board_game import (
     random_player,
     winning_moves,
 )
+from marl.board_network import MaskedActorCritic
 from marl.league_actor import GameActor
 from marl.league_learner import LeagueLearner, member_names
 
