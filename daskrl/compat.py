@@ -117,3 +117,44 @@ def set_new_workers(cluster: Any, spec: dict[str, Any], name: Any) -> None:
     """
     cluster.new_spec = spec
     cluster._new_worker_name = name
+
+
+HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
+"""The start of the error ``Worker.heartbeat`` logs when its call to the scheduler fails."""
+
+
+def quiet_heartbeat_at_close() -> None:
+    """Keep a closing worker's failed heartbeat out of this process's log (once per
+    process; a worker that is running still logs it).
+
+    A heartbeat still waiting for the scheduler's reply when its worker closes fails as
+    ``Worker.close`` closes the worker's connections, and ``Worker.heartbeat`` logs that as
+    an error with two tracebacks, at the end of a run that went well (more often on a
+    loaded machine, where the reply is slow). The filter finds the worker by the
+    ``heartbeat`` frame the record is logged from (``Worker.heartbeat``'s ``self``) and
+    drops the record only while that worker's ``status`` is not running. Dask has no
+    public way to cancel an in-flight heartbeat or to tell a closing worker's failure
+    from a lost scheduler.
+    """
+    import logging
+
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _HeartbeatAtClose) for f in log.filters):
+        log.addFilter(_HeartbeatAtClose())
+
+
+class _HeartbeatAtClose:
+    def filter(self, record: Any) -> bool:
+        if not str(record.msg).startswith(HEARTBEAT_FAILED):
+            return True
+        import sys
+
+        from distributed import Status
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            worker = frame.f_locals.get("self")
+            if frame.f_code.co_name == "heartbeat" and hasattr(worker, "status"):
+                return worker.status in (Status.running, Status.paused)
+            frame = frame.f_back
+        return True

@@ -3,6 +3,9 @@ fails when a Dask release drops or renames it, before the function using it misb
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import urllib.request
 
 import pytest
@@ -10,7 +13,8 @@ from dask import annotate, delayed
 from distributed import Client
 
 from daskrl.cluster.local import local_cluster
-from daskrl.compat import current_task_resources, graph_annotations
+from daskrl.compat import HEARTBEAT_FAILED, current_task_resources, graph_annotations
+from daskrl.core.worker_state import register
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,3 +76,54 @@ def test_scale_starts_workers_from_the_new_spec_and_names_them_by_the_hook() -> 
         workers = client.scheduler_info()["workers"].values()
         assert sorted(w["name"] for w in workers) == ["w0", "w1"]
         assert all(w["resources"] == {"CPU": 1} for w in workers)
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _heartbeat_errors(reply: object) -> tuple[int, int]:
+    """Failed-heartbeat errors logged while the worker runs, and as it closes, on a cluster
+    whose scheduler answers heartbeats with ``reply`` (a coroutine function)."""
+    log, kept = logging.getLogger("distributed.worker"), _Kept()
+    log.addHandler(kept)
+    try:
+        with local_cluster([{"CPU": 1}], processes=False, dashboard_address=None
+                           ) as cluster, Client(cluster) as client:
+            register(client)  # its setup on the worker installs the filter
+            client.submit(abs, 1, pure=False).result()
+            handlers = cluster.scheduler.handlers
+            handlers["heartbeat_worker"] = reply(handlers["heartbeat_worker"])
+            time.sleep(1.5)  # heartbeats every 0.5 s: one waits for its reply
+            running = sum(m.startswith(HEARTBEAT_FAILED) for m in kept.messages)
+        closing = sum(m.startswith(HEARTBEAT_FAILED) for m in kept.messages) - running
+    finally:
+        log.removeHandler(kept)
+    return running, closing
+
+
+def test_a_heartbeat_cut_by_its_workers_close_is_not_logged() -> None:
+    """``Worker.heartbeat`` (the frame the record is logged from, its ``self.status``) and
+    its error message: a heartbeat in flight as its worker closes fails, and is dropped."""
+    def slow(answer):
+        async def reply(*args, **kwargs):
+            await asyncio.sleep(3)
+            return answer(*args, **kwargs)
+        return reply
+
+    assert _heartbeat_errors(slow) == (0, 0)
+
+
+def test_a_heartbeat_failing_while_the_worker_runs_is_still_logged() -> None:
+    def broken(answer):
+        async def reply(*args, **kwargs):
+            raise OSError("scheduler unreachable")
+        return reply
+
+    running, _ = _heartbeat_errors(broken)
+    assert running >= 1

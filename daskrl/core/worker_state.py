@@ -20,6 +20,8 @@ from typing import Any, ClassVar, TypeVar
 
 from distributed import Client, Reschedule, Worker, WorkerPlugin, get_client, get_worker
 
+from daskrl.compat import quiet_heartbeat_at_close
+
 T = TypeVar("T")
 
 PLUGIN_NAME = "daskrl-resident"
@@ -59,8 +61,10 @@ class ResidentState(WorkerPlugin):
         self.__init__()
 
     def setup(self, worker: Worker | None) -> None:
-        """Start with no objects."""
+        """Start with no objects; a heartbeat cut by the worker's own close is not logged
+        as an error (:func:`daskrl.compat.quiet_heartbeat_at_close`)."""
         self.objects.clear()
+        quiet_heartbeat_at_close()
 
     def teardown(self, worker: Worker | None) -> None:
         """Close every object (envs hold processes, files and sockets)."""
