@@ -137,6 +137,22 @@ def test_a_stopped_sweep_resumes_and_keeps_its_finished_trials(tmp_path, cluster
     assert json.loads((out / "t001-seed2" / "summary.json").read_text())["env_steps"] >= 6000
 
 
+def test_evaluations_of_fused_iterations_are_pruned_at_the_step_they_were_due(tmp_path):
+    """A trial whose tasks each ran two iterations is evaluated at 11, 21 where the first
+    trial was at 10, 20: reported at the step each was due, the pruner compares them."""
+    from daskrl.sweeps.search import eval_step, open_study
+
+    study = open_study(tmp_path, "random", "median", seed=0, startup=1)
+    first = study.ask()
+    for iteration in (10, 20):
+        first.report(500.0, step=eval_step(iteration, 10))
+    study.tell(first, 500.0)
+    second = study.ask()
+    for iteration in (11, 21):
+        second.report(8.4, step=eval_step(iteration, 10))
+    assert second.should_prune()
+
+
 def test_the_median_pruner_stops_a_trial_below_the_earlier_ones(cluster_pair, tmp_path):
     """Optuna tries a learning rate that learns, then one that cannot (1e-7): the second's
     evaluations fall below the first's at the same iterations and it is pruned early."""

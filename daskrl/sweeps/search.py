@@ -123,10 +123,12 @@ class Search:
         """Report the trial's new evaluations to Optuna; prune it when the pruner says so."""
         trial = self.live[job.trial.name]
         told = job.seen.setdefault("reported", set())
+        every = int(pool.state.data["definition"].get("eval_every") or 0)
         for iteration, value in eval_rows(pool.state.out / job.trial.name):
-            if iteration not in told:
-                told.add(iteration)
-                trial.report(value, step=iteration)
+            step = eval_step(iteration, every)
+            if step not in told:
+                told.add(step)
+                trial.report(value, step=step)
         if told and trial.should_prune():
             pool.prune(job)
 
@@ -150,6 +152,20 @@ class Search:
             return None
         return {"optuna_trial": best.number, "eval_return_mean": best.value,
                 "config": best.params}
+
+
+def eval_step(iteration: int, every: int) -> int:
+    """The step a periodic evaluation is reported to Optuna at: the multiple of ``every``
+    it was due at. Where short iterations share a task, the evaluated weights are those of
+    the task's last iteration (11 for the one due at 10), and which iterations share a
+    task differs between trials; the median pruner compares trials at equal steps only.
+
+    Examples
+    --------
+    >>> eval_step(11, 10), eval_step(20, 10), eval_step(7, 0)
+    (10, 20, 7)
+    """
+    return iteration - iteration % every if every > 0 else iteration
 
 
 def eval_interval(eval_every: int, iterations: int, pruner: str) -> int:
