@@ -145,7 +145,7 @@ def cmd_train(args: argparse.Namespace, module: types.ModuleType, config: Any,
                            progress=args.progress, deterministic=args.deterministic,
                            env_retries=args.env_retries, eval_every=args.eval_every,
                            task_timeout=args.task_timeout, max_recoveries=args.max_recoveries,
-                           max_restarts=args.max_restarts,
+                           max_restarts=args.max_restarts, replan_timeout=args.replan_timeout,
                            meta={"graph": args.graph, "graph_file": str(Path(args.graph).resolve()),
                                  "config": dataclasses.asdict(config)})
     try:

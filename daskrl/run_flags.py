@@ -123,6 +123,10 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--max-recoveries", type=int, default=3, metavar="N",
         help="lost or hung workers survived in a row (no iteration finished between) "
              "before the run stops (default: 3)")
+    add(train, "train", "--replan-timeout", type=float, default=30.0, metavar="SECONDS",
+        help="after a worker is lost, how long the run waits for workers that can host its "
+             "fragments again before it stops (default: 30; longer where replacements are "
+             "batch jobs that queue)")
     add(train, "train", "--max-restarts", type=int, default=0, metavar="N",
         help="times the embedded cluster is started again from the last checkpoint when its "
              "scheduler or every worker dies (default: 0)")

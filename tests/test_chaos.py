@@ -238,13 +238,15 @@ def test_a_pool_that_shrinks_to_nothing_stops_the_run_with_a_clear_error(tmp_pat
     try:
         pids = _worker_pids(address)
         out, log = tmp_path / "run", tmp_path / "train.log"
-        train = _train(tmp_path, "graphs/ppo.py", out, ["--scheduler", address, *PPO_SMALL])
+        # nothing comes back: a 3 s wait for replacements shows the same error as 30 s
+        train = _train(tmp_path, "graphs/ppo.py", out, ["--scheduler", address, *PPO_SMALL,
+                                                        "--replan-timeout", "3"])
         procs.append(train)
         _wait_rows(train, out, log, 2)
         for pid in pids.values():
             os.kill(pid, signal.SIGKILL)
         try:
-            code = train.wait(timeout=120)  # the driver waits 30 s for workers to return
+            code = train.wait(timeout=120)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the run hangs:\n{log.read_text()[-3000:]}") from None
     finally:

@@ -112,7 +112,8 @@ def check_settings(settings: RunSettings) -> None:
         raise ValueError(f"--task-timeout must be > 0 seconds, got {settings.task_timeout}")
     for flag, value in (("--eval-every", settings.eval_every),
                         ("--max-restarts", settings.max_restarts),
-                        ("--max-recoveries", settings.max_recoveries)):
+                        ("--max-recoveries", settings.max_recoveries),
+                        ("--replan-timeout", settings.replan_timeout)):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value}")
     check_out(settings.out)
