@@ -6,6 +6,7 @@ Clusters are module-scoped: starting one (two worker processes importing torch) 
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -15,6 +16,10 @@ import pytest
 from distributed import Client
 
 REPO = Path(__file__).resolve().parent.parent
+
+# a sweep's report bootstraps its intervals in Python, 0.3 ms a resample: the tests check the
+# report, not the interval's last digit (subprocesses and the docs' commands inherit it)
+os.environ.setdefault("DASKRL_BOOTSTRAP_REPS", "1000")
 PPO_GRAPH = REPO / "graphs" / "ppo.py"
 
 

@@ -28,7 +28,7 @@ from daskrl.cluster.local import close_cluster, default_worker_resources, local_
 from daskrl.core.scheduler_workers import scheduler_workers
 from daskrl.core.script import load_graph
 from daskrl.sweeps.pbt import Population, check_mid_run
-from daskrl.sweeps.report import report, rliable_modules
+from daskrl.sweeps.report import bootstrap_reps, report, rliable_modules
 from daskrl.sweeps.runner import Job, Launch, TrialPool
 from daskrl.sweeps.search import (
     PRUNERS,
@@ -165,6 +165,7 @@ def sweep(graph: str | os.PathLike, *, out: str | os.PathLike, seeds: int | Sequ
     algo, _, _ = algorithm_of(str(graph), dict(config))  # every shared setting checked now
     iterations = max(1, math.ceil(steps / algo.steps_per_iteration))
     rliable_modules()  # the report needs it: say so before anything trains
+    bootstrap_reps()  # a bad $DASKRL_BOOTSTRAP_REPS, too
     options: dict[str, Any] = {"distribution": distribution, "checkpoint_every": checkpoint_every,
                                "deterministic": deterministic, "eval_every": eval_every,
                                "resources": dict(resources or {})}
