@@ -17,7 +17,7 @@ from distributed import Client
 
 REPO = Path(__file__).resolve().parent.parent
 
-# a sweep's report bootstraps its intervals in Python, 0.3 ms a resample: the tests check the
+# a sweep's report bootstraps its intervals in Python, 0.25 ms a resample: the tests check the
 # report, not the interval's last digit (subprocesses and the docs' commands inherit it)
 os.environ.setdefault("DASKRL_BOOTSTRAP_REPS", "1000")
 PPO_GRAPH = REPO / "graphs" / "ppo.py"

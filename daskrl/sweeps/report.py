@@ -24,7 +24,7 @@ from daskrl.sweeps.spec import label
 
 REPS = 20_000
 """Bootstrap resamples of the final-return intervals (``$DASKRL_BOOTSTRAP_REPS`` sets
-another number: rliable's bootstrap takes about 0.3 ms a resample)."""
+another number: rliable's bootstrap takes about 0.25 ms a resample)."""
 CURVE_REPS = 2_000
 """Bootstrap resamples at each point of a learning curve."""
 CURVE_POINTS = 40
