@@ -13,7 +13,11 @@ beside the training). Medians over seeds; per seed the three runs follow each ot
 see the same load (recorded per run).
 
     python benchmarks/dqn_cartpole.py --seeds 3            # results/dqn_cartpole.json
+    python benchmarks/dqn_cartpole.py --seeds 3 --steps 300000 --no-double-q-row
+                                                           # results/dqn_cartpole_300k.json
     python benchmarks/dqn_cartpole.py --quick              # 5k steps, one seed
+
+A budget other than 50k steps is saved apart and shown in a section of its own.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ from _common import (
 )
 
 SOLVED = 475.0
+DEFAULT_STEPS = 50_000
+RESULTS = ROOT / "benchmarks" / "results"
+MAIN = RESULTS / "dqn_cartpole.json"
 
 
 def run_daskrl(steps: int, seed: int, eval_every: int, double_q: bool,
@@ -140,7 +147,7 @@ def profile_section(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50_000)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eval-every", type=int, default=5120)
     parser.add_argument("--quick", action="store_true")
@@ -153,8 +160,15 @@ def main() -> None:
                              "compiled)")
     parser.add_argument("--child", choices=["sb3"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/dqn_cartpole.json")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where the runs are saved (default: results/dqn_cartpole.json "
+                             "at 50k steps, results/dqn_cartpole_<N>k.json at another "
+                             "budget)")
     args = parser.parse_args()
+    if args.json is None:
+        name = "dqn_cartpole" + ("" if args.steps == DEFAULT_STEPS else
+                                 f"_{args.steps // 1000}k")
+        args.json = RESULTS / f"{name}.json"
     if args.child:
         print(json.dumps(run_sb3(args.steps, args.seed, args.eval_every)))
         return
@@ -226,7 +240,6 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
            load_before: dict[str, Any]) -> None:
     """Print the table and (unless ``--quick``) write the JSON and ``dqn_cartpole.md``."""
     table, med, loads = tables(runs)
-    seeds = len(runs["sb3"])
     speedup = ratio(med["daskrl"]["env_steps_per_s"], med["sb3"]["env_steps_per_s"])
     print(table)
     print(f"daskrl / SB3 env-steps/s: {fmt(speedup)}; load {min(loads):.1f}-{max(loads):.1f} "
@@ -239,19 +252,40 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
                                         "range_1m": [min(loads), max(loads)]},
                                "machine": machine_info(), "settings": vars(args) | {
                                    "json": str(args.json)}})
+    (ROOT / "benchmarks" / "dqn_cartpole.md").write_text(page())
+
+
+def run_line(data: dict[str, Any]) -> str:
+    """The command and the load of a saved run, as its section opens."""
+    settings, runs = data["settings"], data["runs"]
+    _, _, loads = tables(runs)
     loads_per_seed = ", ".join(f"{r['load_1m_before']:.1f}" for rs in runs.values() for r in rs)
-    md = args.json.parent.parent / "dqn_cartpole.md"
-    md.write_text(
-        f"# DQN on CartPole-v1: daskrl vs Stable-Baselines3 DQN\n\n"
-        f"`python benchmarks/dqn_cartpole.py --seeds {seeds} --steps {args.steps}"
-        f"{' --no-double-q-row' if args.no_double_q_row else ''}"
-        f"{' --compile-row' if args.compile_row else ''}` "
-        f"(1-minute load {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs, at the "
-        f"start of each run: {loads_per_seed}; per seed the runs follow each other; "
-        f"{_code(json.loads(args.json.read_text()))}). Same "
-        f"settings on both sides (see the script's notes).\n\n{table}\n"
-        + earlier_section(args.json)
-        + profile_section(args.json.parent / "dqn_profile.json") + READING)
+    flags = (" --no-double-q-row" if settings.get("no_double_q_row") else "") + (
+        " --compile-row" if settings.get("compile_row") else "")
+    cpus = data["machine"].get("logical_cpus", "?")
+    return (f"`python benchmarks/dqn_cartpole.py --seeds {len(runs['sb3'])} --steps "
+            f"{settings['steps']}{flags}` "
+            f"(1-minute load {min(loads):.1f}-{max(loads):.1f} on {cpus} CPUs, "
+            f"at the start of each run: {loads_per_seed}; per seed the runs follow each other; "
+            f"{_code(data)})")
+
+
+def page() -> str:
+    """``dqn_cartpole.md`` from the saved runs: the 50k-step run, the earlier idle one, each
+    other budget's, the per-step profile."""
+    text = "# DQN on CartPole-v1: daskrl vs Stable-Baselines3 DQN\n\n"
+    if MAIN.exists():
+        data = json.loads(MAIN.read_text())
+        text += (f"{run_line(data)}. Same settings on both sides (see the script's notes)."
+                 f"\n\n{tables(data['runs'])[0]}\n")
+    text += earlier_section(MAIN)
+    for path in sorted(RESULTS.glob("dqn_cartpole_*k.json"),
+                       key=lambda p: int(p.stem.rsplit("_", 1)[1][:-1])):
+        data = json.loads(path.read_text())
+        steps = data["settings"]["steps"]
+        text += (f"\n## At {steps:,} steps\n\n{run_line(data)}; [`results/{path.name}`]"
+                 f"(results/{path.name})).\n\n{tables(data['runs'])[0]}\n")
+    return text + profile_section(RESULTS / "dqn_profile.json") + READING
 
 
 def earlier_section(path: Path) -> str:
