@@ -10,6 +10,7 @@ costs nothing before Dask is loaded.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Hashable
 from typing import Any
 
@@ -125,36 +126,51 @@ HEARTBEAT_FAILED = "Failed to communicate with scheduler during heartbeat"
 
 def quiet_heartbeat_at_close() -> None:
     """Keep a closing worker's failed heartbeat out of this process's log (once per
-    process; a worker that is running still logs it).
+    process; a worker that is running or paused still logs it).
 
     A heartbeat still waiting for the scheduler's reply when its worker closes fails as
     ``Worker.close`` closes the worker's connections, and ``Worker.heartbeat`` logs that as
     an error with two tracebacks, at the end of a run that went well (more often on a
     loaded machine, where the reply is slow). The filter finds the worker by the
     ``heartbeat`` frame the record is logged from (``Worker.heartbeat``'s ``self``) and
-    drops the record only while that worker's ``status`` is not running. Dask has no
-    public way to cancel an in-flight heartbeat or to tell a closing worker's failure
-    from a lost scheduler.
+    drops the record only while that worker's ``status`` is neither running nor paused
+    (closing, closed, or retiring). Dask has no public way to cancel an in-flight heartbeat
+    or to tell a closing worker's failure from a lost scheduler.
     """
-    import logging
-
     log = logging.getLogger("distributed.worker")
-    if not any(isinstance(f, _HeartbeatAtClose) for f in log.filters):
-        log.addFilter(_HeartbeatAtClose())
+    if not any(isinstance(f, HeartbeatAtClose) for f in log.filters):
+        log.addFilter(HeartbeatAtClose())
 
 
-class _HeartbeatAtClose:
-    def filter(self, record: Any) -> bool:
+class HeartbeatAtClose:
+    """The filter :func:`quiet_heartbeat_at_close` installs; ``dropped`` counts the records
+    it kept out."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a failed heartbeat of a worker that is closing."""
         if not str(record.msg).startswith(HEARTBEAT_FAILED):
             return True
-        import sys
+        try:
+            closing = _heartbeat_worker_closing()
+        except Exception:  # noqa: BLE001 - a filter that raises would lose the record
+            return True
+        self.dropped += closing
+        return not closing
 
-        from distributed import Status
 
-        frame = sys._getframe(1)
-        while frame is not None:
-            worker = frame.f_locals.get("self")
-            if frame.f_code.co_name == "heartbeat" and hasattr(worker, "status"):
-                return worker.status in (Status.running, Status.paused)
-            frame = frame.f_back
-        return True
+def _heartbeat_worker_closing() -> bool:
+    """Whether the worker whose ``heartbeat`` frame is on this thread's stack is closing."""
+    import sys
+
+    from distributed import Status
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        worker = frame.f_locals.get("self")
+        if frame.f_code.co_name == "heartbeat" and hasattr(worker, "status"):
+            return worker.status not in (Status.running, Status.paused)
+        frame = frame.f_back
+    return False
