@@ -126,7 +126,7 @@ def run_parser(graph_flags_help: str | None = None
     add(train, "train", "--replan-timeout", type=float, default=30.0, metavar="SECONDS",
         help="after a worker is lost, how long the run waits for workers that can host its "
              "fragments again before it stops (default: 30; longer where replacements are "
-             "batch jobs that queue)")
+             "batch jobs that queue; 0: stop at once)")
     add(train, "train", "--max-restarts", type=int, default=0, metavar="N",
         help="times the embedded cluster is started again from the last checkpoint when its "
              "scheduler or every worker dies (default: 0)")

@@ -254,6 +254,7 @@ def test_a_pool_that_shrinks_to_nothing_stops_the_run_with_a_clear_error(tmp_pat
     text = log.read_text()
     assert code == 2, text[-3000:]
     assert "daskrl: error: the cluster lost the workers this run needs" in text, text[-3000:]
+    assert "none came back within 3 s (--replan-timeout)" in text, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert list_checkpoints(out / "checkpoints")  # the last finished iteration is kept
 

@@ -179,7 +179,8 @@ BAD = {
     "missing graph": (None, "graph script 'no_such_graph.py' not found"),
     "zero workers": (["--workers", "0"], "--workers must be >= 1"),
     "zero checkpoint interval": (["--checkpoint-every", "0"], "--checkpoint-every"),
-    "negative replan wait": (["--replan-timeout", "-1"], "--replan-timeout must be >= 0"),
+    "negative replan wait": (["--replan-timeout", "-1"],
+                             "--replan-timeout must be a finite number of seconds >= 0"),
     "bad graph flag value": (["--num-envs", "many"],
                              "--num-envs: invalid literal for int() with base 10: 'many'; "
                              "expected --num-envs INT"),

@@ -436,7 +436,9 @@ class RunLoop:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ClusterLost(
-                        f"the cluster lost the workers this run needs: {exc}") from None
+                        f"the cluster lost the workers this run needs: {exc}; none came "
+                        f"back within {self.settings.replan_timeout:g} s (--replan-timeout)"
+                    ) from None
                 # A worker that joins is reported; the cap on the wait covers one that
                 # only becomes usable later (its resources, a distribution's conditions).
                 membership.wait(cursor, timeout=min(left, 1.0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,10 +113,12 @@ def check_settings(settings: RunSettings) -> None:
         raise ValueError(f"--task-timeout must be > 0 seconds, got {settings.task_timeout}")
     for flag, value in (("--eval-every", settings.eval_every),
                         ("--max-restarts", settings.max_restarts),
-                        ("--max-recoveries", settings.max_recoveries),
-                        ("--replan-timeout", settings.replan_timeout)):
+                        ("--max-recoveries", settings.max_recoveries)):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value}")
+    if not 0 <= settings.replan_timeout < math.inf:  # NaN too
+        raise ValueError("--replan-timeout must be a finite number of seconds >= 0, got "
+                         f"{settings.replan_timeout}")
     check_out(settings.out)
     has_ckpt = bool(list_checkpoints(settings.out / "checkpoints"))
     if settings.resume and not has_ckpt:
