@@ -44,7 +44,7 @@ from _common import (
     write_json,
 )
 
-from daskrl.sweeps.report import REPS, curve_points, iqm_band, iqm_interval
+from daskrl.sweeps.report import curve_points, iqm_band, iqm_interval
 
 HERE = Path(__file__).resolve().parent
 
@@ -199,10 +199,10 @@ def run_one(row: Row, system: str, seed: int, steps: int, work: Path, may_run: b
                      "load_before": got["load_before"]}
 
 
-def summarise(row: Row, runs: list[dict[str, Any]], steps: int, reps: int = REPS
+def summarise(row: Row, runs: list[dict[str, Any]], steps: int, reps: int | None = None
               ) -> dict[str, Any]:
     """The row's scores per system: finals, IQM with its interval (``reps`` bootstrap
-    resamples), and the verdict."""
+    resamples; default: ``$DASKRL_BOOTSTRAP_REPS`` or 20,000), and the verdict."""
     out: dict[str, Any] = {"row": row.name, "algo": row.algo, "env": row.env,
                            "steps": steps, "peer_name": row.peer, "note": row.note}
     for system in ("daskrl", "peer"):

@@ -343,6 +343,9 @@ def cmd_sweep(args: argparse.Namespace, module: types.ModuleType, config: Any) -
         batch = _batch_spec(args)
         if batch is not None and args.scheduler:
             raise ValueError("--cluster starts its own scheduler: drop --scheduler")
+        from daskrl.sweeps.report import bootstrap_reps
+
+        bootstrap_reps()  # a bad $DASKRL_BOOTSTRAP_REPS before any batch job is submitted
     except (ValueError, TypeError) as exc:
         raise UserError(str(exc)) from None
     cluster = client = None

@@ -7,6 +7,7 @@ one line."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -56,6 +57,8 @@ def test_a_grid_of_seeds_trains_side_by_side_and_reports_iqm(cluster_pair, tmp_p
     assert _overlap(trials) == 2  # side by side, never more than --concurrency
     rows = {r["configuration"]: r for r in result.report["configurations"]}
     assert set(rows) == {"learning_rate=0.00025", "learning_rate=0.001"}
+    reps = os.environ["DASKRL_BOOTSTRAP_REPS"]  # tests/conftest.py
+    assert result.report["interval"].endswith(f"(rliable), {reps} resamples")
     for group, row in rows.items():
         finals = [trials[n]["eval_return_mean"] for n in trials
                   if n.split("-", 1)[1].startswith(group)]
@@ -213,6 +216,16 @@ def test_bad_sweeps_are_refused_in_one_line_before_anything_trains(argv, message
     assert main(["sweep", GRAPH, "--out", str(tmp_path / "s"), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_bad_bootstrap_count_is_refused_before_anything_trains(tmp_path, capsys,
+                                                                 monkeypatch):
+    monkeypatch.setenv("DASKRL_BOOTSTRAP_REPS", "many")
+    assert main(["sweep", GRAPH, "--out", str(tmp_path / "s"), "--cluster", "local"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("daskrl: error: DASKRL_BOOTSTRAP_REPS='many': give a whole number of "
+                   "bootstrap resamples, at least 100"), err
     assert not (tmp_path / "s").exists()
 
 

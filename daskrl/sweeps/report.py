@@ -62,19 +62,22 @@ def bootstrap_reps() -> int:
 
     Examples
     --------
-    >>> import os
-    >>> os.environ["DASKRL_BOOTSTRAP_REPS"] = "500"
-    >>> bootstrap_reps()
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"DASKRL_BOOTSTRAP_REPS": "500"}):
+    ...     bootstrap_reps()
     500
-    >>> del os.environ["DASKRL_BOOTSTRAP_REPS"]
     """
     text = os.environ.get("DASKRL_BOOTSTRAP_REPS", "").strip()
     if not text:
         return REPS
-    if not text.isdigit() or int(text) < 100:
+    try:
+        reps = int(text)
+    except ValueError:
+        reps = 0
+    if reps < 100:
         raise ValueError(f"DASKRL_BOOTSTRAP_REPS={text!r}: give a whole number of bootstrap "
                          "resamples, at least 100")
-    return int(text)
+    return reps
 
 
 def iqm_interval(scores: Sequence[float], reps: int | None = None, seed: int = 0
