@@ -1,6 +1,7 @@
 """``--search optuna``: configurations proposed by Optuna (TPE or random sampling), each
 trained as a trial of the sweep; trials whose periodic evaluations fall below the median
-of earlier trials at the same iteration are stopped early (Optuna's ``MedianPruner``).
+of earlier trials at the same step (the multiple of ``--eval-every`` each was due at) are
+stopped early (Optuna's ``MedianPruner``).
 
 The study lives in ``OUT/optuna.journal`` (Optuna's journal file storage), so a resumed
 sweep goes on with the same study: finished and pruned trials stay told, and the trials
