@@ -252,11 +252,15 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
                                         "range_1m": [min(loads), max(loads)]},
                                "machine": machine_info(), "settings": vars(args) | {
                                    "json": str(args.json)}})
+    if args.json.resolve().parent != RESULTS.resolve():
+        print(f"{args.json} is outside {RESULTS}: dqn_cartpole.md is left as it was")
+        return
     (ROOT / "benchmarks" / "dqn_cartpole.md").write_text(page())
 
 
-def run_line(data: dict[str, Any]) -> str:
-    """The command and the load of a saved run, as its section opens."""
+def run_line(data: dict[str, Any], link: str = "") -> str:
+    """The command and the load of a saved run, as its section opens (``link``: the JSON's
+    name, linked)."""
     settings, runs = data["settings"], data["runs"]
     _, _, loads = tables(runs)
     loads_per_seed = ", ".join(f"{r['load_1m_before']:.1f}" for rs in runs.values() for r in rs)
@@ -267,7 +271,7 @@ def run_line(data: dict[str, Any]) -> str:
             f"{settings['steps']}{flags}` "
             f"(1-minute load {min(loads):.1f}-{max(loads):.1f} on {cpus} CPUs, "
             f"at the start of each run: {loads_per_seed}; per seed the runs follow each other; "
-            f"{_code(data)})")
+            f"{_code(data)}{f'; [`results/{link}`](results/{link})' if link else ''})")
 
 
 def page() -> str:
@@ -283,8 +287,8 @@ def page() -> str:
                        key=lambda p: int(p.stem.rsplit("_", 1)[1][:-1])):
         data = json.loads(path.read_text())
         steps = data["settings"]["steps"]
-        text += (f"\n## At {steps:,} steps\n\n{run_line(data)}; [`results/{path.name}`]"
-                 f"(results/{path.name})).\n\n{tables(data['runs'])[0]}\n")
+        text += (f"\n## At {steps:,} steps\n\n{run_line(data, path.name)}."
+                 f"\n\n{tables(data['runs'])[0]}\n")
     return text + profile_section(RESULTS / "dqn_profile.json") + READING
 
 
