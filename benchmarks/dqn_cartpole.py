@@ -265,7 +265,9 @@ def run_line(data: dict[str, Any], link: str = "") -> str:
     _, _, loads = tables(runs)
     loads_per_seed = ", ".join(f"{r['load_1m_before']:.1f}" for rs in runs.values() for r in rs)
     flags = (" --no-double-q-row" if settings.get("no_double_q_row") else "") + (
-        " --compile-row" if settings.get("compile_row") else "")
+        " --compile-row" if settings.get("compile_row") else "") + (
+        f" --eval-every {settings['eval_every']}"
+        if settings.get("eval_every", 5120) != 5120 else "")
     cpus = data["machine"].get("logical_cpus", "?")
     return (f"`python benchmarks/dqn_cartpole.py --seeds {len(runs['sb3'])} --steps "
             f"{settings['steps']}{flags}` "
