@@ -12,11 +12,14 @@ when daskrl's interval lies wholly above the peer's, and **holds** otherwise. Ru
 ``--work`` as ``ROW/SYSTEM-sSEED``; a run whose ``summary.json`` is there from the same command
 and spec is read, not run again, so the suite resumes where it stopped (a run cut short, or
 one whose settings changed since, runs again), and ``--parallel`` runs go at once (the
-returns of lockstep algorithms do not depend on the load; the speed columns do).
+returns of lockstep algorithms do not depend on the load; the speed columns do). The JSON
+keeps each finished run's score, speed and training curve, so a later call adds seeds or rows
+to it without the earlier runs' folders (``--fresh`` runs everything again).
 
     python benchmarks/learning.py                          # every row, seeds 1-5
     python benchmarks/learning.py --rows ppo-cartpole dqn-cartpole --seeds 1 2 3
     python benchmarks/learning.py --no-run                 # the report of what has run
+    python benchmarks/learning.py --rows mappo-spread --seeds 5   # one more seed of one row
     python benchmarks/learning.py --quick                  # a smoke: two rows, tiny budgets
 """
 
@@ -44,7 +47,7 @@ from _common import (
     write_json,
 )
 
-from daskrl.sweeps.report import curve_points, iqm_band, iqm_interval
+from daskrl.sweeps.report import CURVE_POINTS, curve_points, iqm_band, iqm_interval
 
 HERE = Path(__file__).resolve().parent
 
@@ -189,14 +192,42 @@ def run_one(row: Row, system: str, seed: int, steps: int, work: Path, may_run: b
     if system == "peer" and row.peer_row:
         row = ROWS[row.peer_row]
     out = run_dir(work, row, system, seed)
-    record: dict[str, Any] = {"row": row.name, "system": system, "seed": seed, "dir": str(out)}
+    record: dict[str, Any] = {"row": row.name, "system": system, "seed": seed, "steps": steps,
+                              "dir": str(out)}
     cmd, files = command(row, system, seed, steps, out)
     got = run_or_read(cmd, out, may_run, files)
     if "summary" not in got:
         return record | got
     return record | {"final_eval": got["summary"].get("eval_return_mean"),
                      "env_steps_per_s": got["summary"].get("env_steps_per_s"),
-                     "load_before": got["load_before"]}
+                     "load_before": got["load_before"], "curve": run_curve(out)}
+
+
+def run_curve(out: Path, points: int = 2 * CURVE_POINTS) -> list[list[float]] | None:
+    """One run's training return at ``points`` evenly spaced env steps, ``[steps, returns]``
+    (what the JSON keeps of ``metrics.csv``); None without two logged returns."""
+    got = curve_points([out], points)
+    if got is None:
+        return None
+    return [[float(x) for x in got[0]], [round(float(x), 4) for x in got[1][0]]]
+
+
+def recorded(path: Path) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+    """The finished runs an earlier call recorded in ``path`` (none if it is not there), by
+    (row, system, seed, steps). Runs recorded before the JSON named their steps ran their
+    row's budget: the suite's own JSON holds full runs only (``--quick`` writes elsewhere).
+
+    >>> recorded(Path("no-such.json"))
+    {}
+    """
+    if not path.exists():
+        return {}
+    kept = {}
+    for r in json.loads(path.read_text()).get("runs", []):
+        if r.get("final_eval") is not None and r.get("row") in ROWS:
+            r.setdefault("steps", ROWS[r["row"]].steps)
+            kept[(r["row"], r["system"], r["seed"], r["steps"])] = r
+    return kept
 
 
 def summarise(row: Row, runs: list[dict[str, Any]], steps: int, reps: int | None = None
@@ -206,10 +237,7 @@ def summarise(row: Row, runs: list[dict[str, Any]], steps: int, reps: int | None
     out: dict[str, Any] = {"row": row.name, "algo": row.algo, "env": row.env,
                            "steps": steps, "peer_name": row.peer, "note": row.note}
     for system in ("daskrl", "peer"):
-        mine = sorted((r for r in runs if r["row"] == (row.peer_row or row.name
-                                                        if system == "peer" else row.name)
-                       and r["system"] == system and r.get("final_eval") is not None),
-                      key=lambda r: r["seed"])
+        mine = sorted(finished(runs, row, system), key=lambda r: r["seed"])
         finals = [float(r["final_eval"]) for r in mine]
         entry: dict[str, Any] = {"seeds": [r["seed"] for r in mine], "finals": finals}
         if finals:
@@ -247,8 +275,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, Any]],
-         args: argparse.Namespace) -> str:
-    """The page's section: the table, each row's settings, the curves and the load."""
+         args: argparse.Namespace, lacking: list[str] = ()) -> str:
+    """The page's section: the table, each row's settings, the curves and the load
+    (``lacking``: the runs without a recorded curve, which left the picture as it was)."""
     loads = [r["load_before"]["load_1m"] for r in runs
              if (r.get("load_before") or {}).get("load_1m") is not None]
     load = (f"1-minute load at the runs' starts {min(loads):.1f}-{max(loads):.1f} on "
@@ -262,12 +291,47 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
     lines += [f"- **{r.algo} {r.env}** ({s['steps']:,} steps): {r.note}."
               for r, s in zip(rows, summary, strict=True)]
     lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
+    if lacking:
+        lines += ["", f"The picture is from an earlier call: {len(lacking)} of the runs in the "
+                  "table were recorded before the JSON kept training curves, and their folders "
+                  "are gone, so it shows the seeds that call had, not the table's."]
     return "\n".join(lines)
 
 
-def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> None:
+def common_grid(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Recorded curves (``[steps, returns]`` each) on one grid of env steps, up to the
+    shortest run's last step: ``(steps, returns[run, point])``; None without a curve.
+
+    >>> common_grid([[[0.0, 10.0], [0.0, 1.0]], [[0.0, 5.0, 15.0], [2.0, 2.0, 4.0]]])[1][:, -1]
+    array([1., 3.])
+    """
+    if not curves:
+        return None
+    end = min(c[0][-1] for c in curves)
+    start = max(c[0][0] for c in curves)
+    grid = np.linspace(start, end, CURVE_POINTS) if end > start else np.asarray([end])
+    return grid, np.stack([np.interp(grid, c[0], c[1]) for c in curves])
+
+
+def finished(runs: list[dict[str, Any]], row: Row, system: str) -> list[dict[str, Any]]:
+    """The runs that score ``row``'s ``system`` (a row sharing another's peer reads that
+    row's peer runs)."""
+    name = row.peer_row or row.name if system == "peer" else row.name
+    return [r for r in runs if r["row"] == name and r["system"] == system
+            and r.get("final_eval") is not None]
+
+
+def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> list[str]:
     """Training-return curves (IQM over the seeds that finished, 95 % bootstrap bands), one
-    panel per row."""
+    panel per row, from the curves the runs recorded. Draws nothing and returns the runs
+    without a curve when there are any (the picture would show fewer seeds than the table):
+    runs recorded before the JSON kept curves, whose folders are gone."""
+    # dict.fromkeys: a peer run two rows share is one run
+    lacking = list(dict.fromkeys(f"{r['row']} {r['system']} s{r['seed']}" for row in rows
+                                 for system in ("daskrl", "peer")
+                                 for r in finished(runs, row, system) if not r.get("curve")))
+    if lacking:
+        return lacking
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,10 +342,7 @@ def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> None:
                              figsize=(4 * cols, 3 * math.ceil(len(rows) / cols)))
     for ax, row in zip(axes.flat, rows, strict=False):
         for system, label in (("daskrl", "daskrl"), ("peer", row.peer)):
-            name = row.peer_row or row.name if system == "peer" else row.name
-            dirs = [Path(r["dir"]) for r in runs if r["row"] == name
-                    and r["system"] == system and r.get("final_eval") is not None]
-            curve = curve_points(dirs)
+            curve = common_grid([r["curve"] for r in finished(runs, row, system)])
             if curve is None:
                 continue
             iqm, low, high = iqm_band(curve[1])
@@ -297,6 +358,7 @@ def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -315,36 +377,57 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "learning.json")
     parser.add_argument("--md", type=Path, default=HERE / "learning.md")
     parser.add_argument("--section", default="learning", help="section of --md to rewrite")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run every job again, not keeping the runs --json records")
     args = parser.parse_args(argv)
-    steps = {name: ROWS[name].steps for name in args.rows}
+    steps = {name: row.steps for name, row in ROWS.items()}
     if args.quick:
         tmp = Path(tempfile.mkdtemp(prefix="daskrl-learning-"))
         args.rows, args.seeds, args.work = list(QUICK_STEPS), [1, 2], tmp / "runs"
         args.json, args.md, steps = tmp / "learning.json", tmp / "learning.md", QUICK_STEPS
+    kept = {} if args.fresh else recorded(args.json)
+    for key in [k for k in kept if k[3] != steps.get(k[0])]:
+        print(f"{args.json}: {key[0]} {key[1]} s{key[2]} ran {key[3]:,} steps, not the row's "
+              f"{steps.get(key[0], 0):,}: left out and run again", file=sys.stderr)
+        del kept[key]
     rows = [ROWS[name] for name in args.rows]
+
+    def shared(row: Row, system: str) -> str:
+        return row.peer_row if system == "peer" and row.peer_row else row.name
+
     # seed by seed: a suite cut short has every row's first seeds, not some rows' all
     jobs = [(row, system, seed) for seed in args.seeds for row in rows
             for system in ("daskrl", "peer") if not (system == "peer" and row.peer_row
-                                                     and row.peer_row in args.rows)]
+                                                     and row.peer_row in args.rows)
+            and (shared(row, system), system, seed, steps[shared(row, system)]) not in kept]
     loads = [load_average()]
     def one(job: tuple[Row, str, int]) -> dict[str, Any]:
         row, system, seed = job
-        shared = row.peer_row if system == "peer" and row.peer_row else row.name
-        return run_one(row, system, seed, steps.get(shared, ROWS[shared].steps), args.work,
+        return run_one(row, system, seed, steps[shared(row, system)], args.work,
                        not args.no_run)
 
-    runs = run_all(jobs, one, args.parallel, lambda job, result: (
+    new = run_all(jobs, one, args.parallel, lambda job, result: (
         f"{job[0].name} {job[1]} s{job[2]}: {result.get('final_eval')}"))
     loads.append(load_average())
-    errors = [r for r in runs if r.get("error")]
+    errors = [r for r in new if r.get("error")]
     for r in errors:
         print(f"{r['row']} {r['system']} seed {r['seed']} failed: {r['error'][-500:]}",
               file=sys.stderr)
+    # the report covers every row with runs, the kept ones included, in the suite's order
+    order = list(ROWS)
+    runs = sorted([*kept.values(), *(r for r in new if not r.get("missing"))],
+                  key=lambda r: (order.index(r["row"]), r["system"], r["seed"]))
+    rows = [row for row in ROWS.values() if row.name in args.rows
+            or any(r["row"] == row.name for r in runs)]
     summary = [summarise(row, runs, steps[row.name]) for row in rows]
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": summary, "runs": runs})
-    update_section(args.md, args.section, page(summary, rows, runs, args))
-    plot(rows, runs, args.json.with_name(f"{args.json.stem}_curves.png"))
+    lacking = plot(rows, runs, args.json.with_name(f"{args.json.stem}_curves.png"))
+    if lacking:
+        print(f"curves not drawn: {len(lacking)} run(s) recorded without one "
+              f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''})",
+              file=sys.stderr)
+    update_section(args.md, args.section, page(summary, rows, runs, args, lacking))
     print(table(summary))
     if errors:
         raise SystemExit(f"{len(errors)} run(s) failed")

@@ -62,3 +62,70 @@ def test_a_row_without_a_peer_of_its_own_reads_the_shared_runs(learning, tmp_pat
         impala.steps, 500)
     assert summary["peer"]["finals"] == [500.0, 450.0, 500.0]
     assert summary["peer_name"] == "SB3 PPO"
+
+
+def recorded_runs(row: str, system: str, finals: list[float], curve: bool = True) -> list[dict]:
+    return [r | {"steps": 320_000, "load_before": None,
+                 "curve": [[0.0, 320_000.0], [-30.0, r["final_eval"]]] if curve else None}
+            for r in runs(row, system, finals)]
+
+
+def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_path):
+    import json
+
+    record = tmp_path / "learning.json"
+    old = (recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
+           + recorded_runs("mappo-spread", "peer", [-19.0, -22.0])
+           + recorded_runs("sac-pendulum", "daskrl", [-150.0], curve=False))
+    old[-1]["steps"] = 20_000
+    record.write_text(json.dumps({"runs": old}))
+    md = tmp_path / "learning.md"
+    # seed 3 has not run and the run folder is empty: --no-run reports what the JSON holds
+    learning.main(["--rows", "mappo-spread", "--seeds", "1", "2", "3", "--no-run",
+                   "--work", str(tmp_path / "w"), "--json", str(record), "--md", str(md)])
+    written = json.loads(record.read_text())
+    assert {(r["row"], r["system"], r["seed"]) for r in written["runs"]} == {
+        ("mappo-spread", "daskrl", 1), ("mappo-spread", "daskrl", 2),
+        ("mappo-spread", "peer", 1), ("mappo-spread", "peer", 2), ("sac-pendulum", "daskrl", 1)}
+    spread = next(r for r in written["rows"] if r["row"] == "mappo-spread")
+    assert spread["daskrl"]["finals"] == [-20.0, -21.0]
+    # a row not asked for this time stays in the report
+    assert [r["row"] for r in written["rows"]] == ["sac-pendulum", "mappo-spread"]
+    # the SAC run has no curve: the picture is left as it was, and the page says so
+    assert not (tmp_path / "learning_curves.png").exists()
+    assert "from an earlier call: 1 of the runs" in md.read_text()
+
+
+def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatch):
+    import json
+
+    drawn = []
+    grid = learning.common_grid
+    monkeypatch.setattr(learning, "common_grid",
+                        lambda curves: drawn.append([c[1][-1] for c in curves]) or grid(curves))
+    record = tmp_path / "learning.json"
+    record.write_text(json.dumps({"runs": recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
+                                  + recorded_runs("mappo-spread", "peer", [-19.0, -22.0])}))
+    md = tmp_path / "learning.md"
+    learning.main(["--rows", "mappo-spread", "--seeds", "1", "2", "--no-run",
+                   "--work", str(tmp_path / "w"), "--json", str(record), "--md", str(md)])
+    # the run folders do not exist: each band is the two recorded curves of its system
+    assert drawn == [[-20.0, -21.0], [-19.0, -22.0]]
+    assert (tmp_path / "learning_curves.png").stat().st_size > 1000
+    assert "earlier call" not in md.read_text()
+
+
+def test_a_recorded_run_of_another_budget_is_left_out(learning, tmp_path, capsys):
+    import json
+
+    record = tmp_path / "learning.json"
+    other = recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
+    other[1]["steps"] = 640_000
+    record.write_text(json.dumps({"runs": other}))
+    learning.main(["--rows", "mappo-spread", "--seeds", "1", "2", "--no-run",
+                   "--work", str(tmp_path / "w"), "--json", str(record),
+                   "--md", str(tmp_path / "learning.md")])
+    assert "mappo-spread daskrl s2 ran 640,000 steps, not the row's 320,000" in (
+        capsys.readouterr().err)
+    written = json.loads(record.read_text())
+    assert [r["seed"] for r in written["runs"]] == [1]
