@@ -14,7 +14,7 @@ and spec is read, not run again, so the suite resumes where it stopped (a run cu
 one whose settings changed since, runs again), and ``--parallel`` runs go at once (the
 returns of lockstep algorithms do not depend on the load; the speed columns do). The JSON
 keeps each finished run's score, speed and training curve, so a later call adds seeds or rows
-to it without the earlier runs' folders (``--fresh`` runs everything again).
+to it without the earlier runs' folders; ``--fresh`` forgets what it records.
 
     python benchmarks/learning.py                          # every row, seeds 1-5
     python benchmarks/learning.py --rows ppo-cartpole dqn-cartpole --seeds 1 2 3
@@ -212,7 +212,7 @@ def run_curve(out: Path, points: int = 2 * CURVE_POINTS) -> list[list[float]] | 
     return [[float(x) for x in got[0]], [round(float(x), 4) for x in got[1][0]]]
 
 
-def recorded(path: Path) -> dict[tuple[str, str, int, int], dict[str, Any]]:
+def recorded(path: Path) -> dict[tuple[str, str, int, int | None], dict[str, Any]]:
     """The finished runs an earlier call recorded in ``path`` (none if it is not there), by
     (row, system, seed, steps). Runs recorded before the JSON named their steps ran their
     row's budget: the suite's own JSON holds full runs only (``--quick`` writes elsewhere).
@@ -224,9 +224,10 @@ def recorded(path: Path) -> dict[tuple[str, str, int, int], dict[str, Any]]:
         return {}
     kept = {}
     for r in json.loads(path.read_text()).get("runs", []):
-        if r.get("final_eval") is not None and r.get("row") in ROWS:
-            r.setdefault("steps", ROWS[r["row"]].steps)
-            kept[(r["row"], r["system"], r["seed"], r["steps"])] = r
+        if r.get("final_eval") is not None:
+            if r.get("row") in ROWS:
+                r.setdefault("steps", ROWS[r["row"]].steps)
+            kept[(r["row"], r["system"], r["seed"], r.get("steps"))] = r
     return kept
 
 
@@ -284,18 +285,27 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
             f"{os.cpu_count()} CPUs, {args.parallel} runs at once" if loads else "")
     curves = args.json.with_name(f"{args.json.stem}_curves.png")
     where = curves.relative_to(args.md.parent) if curves.is_relative_to(args.md.parent) else curves
-    lines = [table(summary), "", f"Seeds asked: {', '.join(map(str, args.seeds))} (a row with "
-             "fewer was cut short: the same command goes on from where it stopped)"
-             f"{'; ' + load if load else ''}. Speed columns are medians over the seeds of runs "
-             "that shared the cores, so compare them within a row only.", ""]
+    lines = [table(summary), "", "A row with fewer seeds than the others has runs still to add "
+             "(`python benchmarks/learning.py --rows ROW --seeds ...` runs only what the JSON "
+             f"lacks){'; ' + load if load else ''}. Speed columns are medians over the seeds of "
+             "runs that shared the cores, so compare them within a row only.", ""]
     lines += [f"- **{r.algo} {r.env}** ({s['steps']:,} steps): {r.note}."
               for r, s in zip(rows, summary, strict=True)]
     lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
     if lacking:
         lines += ["", f"The picture is from an earlier call: {len(lacking)} of the runs in the "
-                  "table were recorded before the JSON kept training curves, and their folders "
-                  "are gone, so it shows the seeds that call had, not the table's."]
+                  "table have no recorded training curve (recorded before the JSON kept curves, "
+                  "their folders gone, or runs that logged fewer than two returns), so it shows "
+                  "the seeds that call had, not the table's."]
     return "\n".join(lines)
+
+
+def fill_curves(runs: list[dict[str, Any]]) -> None:
+    """Give each run recorded without a training curve the curve of its folder, where the
+    folder is still there (runs recorded before the JSON kept curves)."""
+    for r in runs:
+        if r.get("final_eval") is not None and not r.get("curve") and Path(r["dir"]).is_dir():
+            r["curve"] = run_curve(Path(r["dir"]))
 
 
 def common_grid(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -370,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="folder of the runs (a run already there is read, not re-run)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once")
     parser.add_argument("--no-run", action="store_true",
-                        help="run nothing: report the runs already in --work")
+                        help="run nothing: report the runs --json records and those in --work")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: PPO and DQN on CartPole, a few thousand steps, "
                              "seeds 1-2, into a temporary folder; writes nothing here")
@@ -378,7 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--md", type=Path, default=HERE / "learning.md")
     parser.add_argument("--section", default="learning", help="section of --md to rewrite")
     parser.add_argument("--fresh", action="store_true",
-                        help="run every job again, not keeping the runs --json records")
+                        help="forget the runs --json records: every job runs again unless its "
+                             "folder in --work holds it, and the JSON keeps this call's runs only")
     args = parser.parse_args(argv)
     steps = {name: row.steps for name, row in ROWS.items()}
     if args.quick:
@@ -386,10 +397,11 @@ def main(argv: list[str] | None = None) -> None:
         args.rows, args.seeds, args.work = list(QUICK_STEPS), [1, 2], tmp / "runs"
         args.json, args.md, steps = tmp / "learning.json", tmp / "learning.md", QUICK_STEPS
     kept = {} if args.fresh else recorded(args.json)
-    for key in [k for k in kept if k[3] != steps.get(k[0])]:
-        print(f"{args.json}: {key[0]} {key[1]} s{key[2]} ran {key[3]:,} steps, not the row's "
-              f"{steps.get(key[0], 0):,}: left out and run again", file=sys.stderr)
-        del kept[key]
+    for key in kept:
+        if key[3] != steps.get(key[0]):
+            print(f"{args.json}: {key[0]} {key[1]} s{key[2]} ran "
+                  f"{'an unknown number of' if key[3] is None else f'{key[3]:,}'} steps, not "
+                  f"a budget of the suite's rows: kept in the JSON, not scored", file=sys.stderr)
     rows = [ROWS[name] for name in args.rows]
 
     def shared(row: Row, system: str) -> str:
@@ -413,21 +425,28 @@ def main(argv: list[str] | None = None) -> None:
     for r in errors:
         print(f"{r['row']} {r['system']} seed {r['seed']} failed: {r['error'][-500:]}",
               file=sys.stderr)
-    # the report covers every row with runs, the kept ones included, in the suite's order
-    order = list(ROWS)
-    runs = sorted([*kept.values(), *(r for r in new if not r.get("missing"))],
+    # read the JSON again: another call may have recorded runs while this one ran
+    merged = ({} if args.fresh else recorded(args.json)) | kept | {
+        (r["row"], r["system"], r["seed"], r["steps"]): r for r in new
+        if r.get("final_eval") is not None}
+    order = [*ROWS, *sorted({k[0] for k in merged} - set(ROWS))]
+    runs = sorted([*merged.values(), *errors],
                   key=lambda r: (order.index(r["row"]), r["system"], r["seed"]))
+    fill_curves(runs)
+    # the report covers every row with runs at its budget, the kept ones included
+    scored = [r for r in runs if r.get("final_eval") is not None
+              and r.get("steps") == steps.get(r["row"])]
     rows = [row for row in ROWS.values() if row.name in args.rows
-            or any(r["row"] == row.name for r in runs)]
-    summary = [summarise(row, runs, steps[row.name]) for row in rows]
+            or any(r["row"] == row.name for r in scored)]
+    summary = [summarise(row, scored, steps[row.name]) for row in rows]
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": summary, "runs": runs})
-    lacking = plot(rows, runs, args.json.with_name(f"{args.json.stem}_curves.png"))
+    lacking = plot(rows, scored, args.json.with_name(f"{args.json.stem}_curves.png"))
     if lacking:
         print(f"curves not drawn: {len(lacking)} run(s) recorded without one "
               f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''})",
               file=sys.stderr)
-    update_section(args.md, args.section, page(summary, rows, runs, args, lacking))
+    update_section(args.md, args.section, page(summary, rows, scored, args, lacking))
     print(table(summary))
     if errors:
         raise SystemExit(f"{len(errors)} run(s) failed")

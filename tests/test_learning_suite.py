@@ -65,8 +65,11 @@ def test_a_row_without_a_peer_of_its_own_reads_the_shared_runs(learning, tmp_pat
 
 
 def recorded_runs(row: str, system: str, finals: list[float], curve: bool = True) -> list[dict]:
-    return [r | {"steps": 320_000, "load_before": None,
-                 "curve": [[0.0, 320_000.0], [-30.0, r["final_eval"]]] if curve else None}
+    """Runs as the suite's JSON records them, at the row's budget."""
+    steps = {"mappo-spread": 320_000, "ppo-cartpole": 500_000, "dqn-cartpole": 100_000,
+             "sac-pendulum": 20_000, "impala-cartpole": 500_000}[row]
+    return [r | {"steps": steps, "load_before": None, "dir": f"no-such-folder/{row}",
+                 "curve": [[0.0, float(steps)], [-30.0, r["final_eval"]]] if curve else None}
             for r in runs(row, system, finals)]
 
 
@@ -77,7 +80,6 @@ def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_p
     old = (recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
            + recorded_runs("mappo-spread", "peer", [-19.0, -22.0])
            + recorded_runs("sac-pendulum", "daskrl", [-150.0], curve=False))
-    old[-1]["steps"] = 20_000
     record.write_text(json.dumps({"runs": old}))
     md = tmp_path / "learning.md"
     # seed 3 has not run and the run folder is empty: --no-run reports what the JSON holds
@@ -93,7 +95,7 @@ def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_p
     assert [r["row"] for r in written["rows"]] == ["sac-pendulum", "mappo-spread"]
     # the SAC run has no curve: the picture is left as it was, and the page says so
     assert not (tmp_path / "learning_curves.png").exists()
-    assert "from an earlier call: 1 of the runs" in md.read_text()
+    assert "from an earlier call: 1 of the runs in the table have no recorded" in md.read_text()
 
 
 def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatch):
@@ -115,7 +117,7 @@ def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatc
     assert "earlier call" not in md.read_text()
 
 
-def test_a_recorded_run_of_another_budget_is_left_out(learning, tmp_path, capsys):
+def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_path, capsys):
     import json
 
     record = tmp_path / "learning.json"
@@ -125,7 +127,41 @@ def test_a_recorded_run_of_another_budget_is_left_out(learning, tmp_path, capsys
     learning.main(["--rows", "mappo-spread", "--seeds", "1", "2", "--no-run",
                    "--work", str(tmp_path / "w"), "--json", str(record),
                    "--md", str(tmp_path / "learning.md")])
-    assert "mappo-spread daskrl s2 ran 640,000 steps, not the row's 320,000" in (
+    assert "mappo-spread daskrl s2 ran 640,000 steps, not a budget of the suite's rows: kept" in (
         capsys.readouterr().err)
     written = json.loads(record.read_text())
-    assert [r["seed"] for r in written["runs"]] == [1]
+    assert [(r["seed"], r["steps"]) for r in written["runs"]] == [(1, 320_000), (2, 640_000)]
+    assert written["rows"][0]["daskrl"]["finals"] == [-20.0]
+
+
+def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
+    import json
+
+    record = tmp_path / "learning.json"
+    record.write_text(json.dumps({"runs": recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
+                                  + recorded_runs("mappo-spread", "peer", [-19.0])}))
+    ran = []
+
+    def fake_run(row, system, seed, steps, work, may_run):
+        ran.append((row.name, system, seed, steps))
+        # a call beside this one records a run meanwhile: the write keeps it
+        if system == "peer" and row.name == "mappo-spread":
+            later = json.loads(record.read_text())
+            later["runs"] += recorded_runs("dqn-cartpole", "daskrl", [500.0])
+            record.write_text(json.dumps(later))
+        return recorded_runs(row.peer_row or row.name if system == "peer" else row.name,
+                             system, [-1.0])[0] | {"seed": seed, "steps": steps}
+
+    monkeypatch.setattr(learning, "run_one", fake_run)
+    common = ["--work", str(tmp_path / "w"), "--json", str(record),
+              "--md", str(tmp_path / "learning.md"), "--parallel", "1"]
+    learning.main(["--rows", "mappo-spread", "--seeds", "1", "2", *common])
+    assert ran == [("mappo-spread", "peer", 2, 320_000)]
+    written = json.loads(record.read_text())
+    assert ("dqn-cartpole", "daskrl", 1) in {(r["row"], r["system"], r["seed"])
+                                             for r in written["runs"]}
+    # IMPALA's peer runs are PPO's: a recorded one is not run again under IMPALA's name
+    ran.clear()
+    record.write_text(json.dumps({"runs": recorded_runs("ppo-cartpole", "peer", [500.0])}))
+    learning.main(["--rows", "impala-cartpole", "--seeds", "1", *common])
+    assert ran == [("impala-cartpole", "daskrl", 1, 500_000)]
