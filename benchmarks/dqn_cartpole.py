@@ -17,7 +17,9 @@ see the same load (recorded per run).
                                                            # results/dqn_cartpole_300k.json
     python benchmarks/dqn_cartpole.py --quick              # 5k steps, one seed
 
-A budget other than 50k steps is saved apart and shown in a section of its own.
+A budget other than 50k steps is saved apart and shown in a section of its own. A call keeps
+the seeds its JSON holds with the same settings and runs the others (``--seeds 3`` after a
+one-seed call runs seeds 2-3; each run records its commit); ``--fresh`` runs every seed again.
 """
 
 from __future__ import annotations
@@ -130,6 +132,14 @@ def _code(data: dict[str, Any]) -> str:
     machine = data.get("machine", {})
     dirty = " with uncommitted changes" if machine.get("git_dirty") else ""
     note = f" ({data['note']})" if data.get("note") else ""
+    codes = {}  # commit -> seeds, for runs a resumed call kept from an earlier commit
+    for run in (r for rs in data.get("runs", {}).values() for r in rs):
+        codes.setdefault(run.get("code", machine.get("git_commit", "?")), set()).add(run["seed"])
+    if len(codes) > 1:
+        return "code at " + ", ".join(
+            f"{code} (seed{'s' if len(seeds) > 1 else ''} "
+            f"{', '.join(map(str, sorted(seeds)))})" for code, seeds in codes.items()) + (
+            f"{dirty}{note}")
     return f"code at {machine.get('git_commit', '?')}{dirty}{note}"
 
 
@@ -158,6 +168,9 @@ def main() -> None:
     parser.add_argument("--compile-row", action="store_true",
                         help="add a row of the first with --compile (whole gradient steps "
                              "compiled)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run every seed again, replacing the runs --json holds (by "
+                             "default a call keeps the seeds it holds with the same settings)")
     parser.add_argument("--child", choices=["sb3"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None,
@@ -185,8 +198,13 @@ def main() -> None:
     names = (("daskrl", "sb3") + (() if args.no_double_q_row else ("daskrl, double Q",))
              + (("daskrl --compile",) if args.compile_row else ()))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    code = machine_info().get("git_commit")
+    if args.json.exists() and not args.fresh:
+        load_before, runs = kept_runs(args, names)
     for seed in range(1, args.seeds + 1):
         for name in names:
+            if any(r["seed"] == seed for r in runs[name]):
+                continue
             load = load_average()["load_1m"]
             if name == "sb3":
                 proc = subprocess.run([sys.executable, __file__, "--child", "sb3", "--seed",
@@ -197,11 +215,33 @@ def main() -> None:
             else:
                 run = run_daskrl(args.steps, seed, args.eval_every, "double Q" in name,
                                  name.endswith("--compile"))
-            run.update(seed=seed, load_1m_before=load, load_1m_after=load_average()["load_1m"])
+            run.update(seed=seed, load_1m_before=load, load_1m_after=load_average()["load_1m"],
+                       code=code)
             runs[name].append(run)
             print(f"seed {seed}: {name} {run['env_steps_per_s']:.0f} steps/s, to 475 "
                   f"{run['time_to_475_s']} s, load {load:.1f}", flush=True)
         report(args, runs, load_before)
+
+
+SAME_SETTINGS = ("steps", "eval_every", "no_double_q_row", "compile_row")
+"""What a saved run must share with this call for the call to keep it."""
+
+
+def kept_runs(args: argparse.Namespace, names: tuple[str, ...]
+              ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The load before and the runs of ``args.json`` a call with the same settings keeps
+    (all its seeds); one line naming ``--fresh`` when the settings differ."""
+    saved = json.loads(args.json.read_text())
+    differ = [k for k in SAME_SETTINGS if saved["settings"].get(k) != getattr(args, k)]
+    if differ:
+        raise SystemExit(f"{args.json} holds runs with another {', '.join(differ)}: add "
+                         "--fresh to replace them, or --json to keep them")
+    commit = saved.get("machine", {}).get("git_commit")
+    runs = {name: [r | {"code": r.get("code", commit)} for r in saved["runs"].get(name, [])]
+            for name in names}
+    print(f"{args.json}: keeping seeds {sorted({r['seed'] for r in runs['sb3']})}",
+          flush=True)
+    return saved["load"]["before"], runs
 
 
 READING = """

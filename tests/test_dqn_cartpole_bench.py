@@ -1,0 +1,54 @@
+"""benchmarks/dqn_cartpole.py resumes: a call keeps the seeds its JSON holds with the same
+settings, refuses in one line when the settings differ, and names each run's commit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH))  # the script imports _common from its own folder
+    try:
+        spec = importlib.util.spec_from_file_location("dqn_cartpole_bench",
+                                                      BENCH / "dqn_cartpole.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def saved(path: Path, eval_every: int = 25600) -> argparse.Namespace:
+    settings = {"steps": 300_000, "eval_every": eval_every, "no_double_q_row": True,
+                "compile_row": False}
+    run = {"seed": 1, "env_steps_per_s": 1000.0}
+    path.write_text(json.dumps({"settings": settings, "load": {"before": {"load_1m": 1.0}},
+                                "machine": {"git_commit": "aaaaaaa"},
+                                "runs": {"daskrl": [run], "sb3": [run]}}))
+    return argparse.Namespace(json=path, seeds=3, **settings)
+
+
+def test_a_call_keeps_the_seeds_its_json_holds(bench, tmp_path):
+    args = saved(tmp_path / "runs.json")
+    _, runs = bench.kept_runs(args, ("daskrl", "sb3"))
+    assert {name: [(r["seed"], r["code"]) for r in rs] for name, rs in runs.items()} == {
+        "daskrl": [(1, "aaaaaaa")], "sb3": [(1, "aaaaaaa")]}
+    runs["sb3"].append({"seed": 2, "code": "bbbbbbb"})
+    assert bench._code({"machine": {"git_commit": "bbbbbbb"}, "runs": runs}) == (
+        "code at aaaaaaa (seed 1), bbbbbbb (seed 2)")
+
+
+def test_other_settings_are_refused_naming_fresh(bench, tmp_path):
+    args = saved(tmp_path / "runs.json")
+    args.eval_every = 5120
+    with pytest.raises(SystemExit, match="another eval_every: add --fresh"):
+        bench.kept_runs(args, ("daskrl", "sb3"))
