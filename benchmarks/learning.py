@@ -14,7 +14,8 @@ and spec is read, not run again, so the suite resumes where it stopped (a run cu
 one whose settings changed since, runs again), and ``--parallel`` runs go at once (the
 returns of lockstep algorithms do not depend on the load; the speed columns do). The JSON
 keeps each finished run's score, speed and training curve, so a later call adds seeds or rows
-to it without the earlier runs' folders; ``--fresh`` forgets what it records.
+to it without the earlier runs' folders; ``--fresh`` forgets what it records of the rows and
+seeds asked.
 
     python benchmarks/learning.py                          # every row, seeds 1-5
     python benchmarks/learning.py --rows ppo-cartpole dqn-cartpole --seeds 1 2 3
@@ -162,15 +163,24 @@ CPU-hours per env on this machine (``mujoco_ppo.md`` holds 3-seed PPO comparison
 QUICK_STEPS = {"ppo-cartpole": 4096, "dqn-cartpole": 2048}
 
 
+def source_row(row: Row, system: str) -> Row:
+    """The row whose runs are ``row``'s for ``system``: a row sharing another's peer runs
+    reads that row's.
+
+    >>> source_row(ROWS["impala-cartpole"], "peer").name, source_row(ROWS["impala-cartpole"],
+    ...                                                               "daskrl").name
+    ('ppo-cartpole', 'impala-cartpole')
+    """
+    return ROWS[row.peer_row] if system == "peer" and row.peer_row else row
+
+
 def run_dir(work: Path, row: Row, system: str, seed: int) -> Path:
     """The folder of one run.
 
     >>> run_dir(Path("w"), ROWS["ppo-cartpole"], "peer", 3).as_posix()
     'w/ppo-cartpole/peer-s3'
     """
-    if system == "peer" and row.peer_row:
-        row = ROWS[row.peer_row]
-    return work / row.name / f"{system}-s{seed}"
+    return work / source_row(row, system).name / f"{system}-s{seed}"
 
 
 def command(row: Row, system: str, seed: int, steps: int, out: Path
@@ -189,8 +199,7 @@ def command(row: Row, system: str, seed: int, steps: int, out: Path
 def run_one(row: Row, system: str, seed: int, steps: int, work: Path, may_run: bool
             ) -> dict[str, Any]:
     """Run (unless already run, or ``may_run`` is off) and read one run."""
-    if system == "peer" and row.peer_row:
-        row = ROWS[row.peer_row]
+    row = source_row(row, system)
     out = run_dir(work, row, system, seed)
     record: dict[str, Any] = {"row": row.name, "system": system, "seed": seed, "steps": steps,
                               "dir": str(out)}
@@ -326,7 +335,7 @@ def common_grid(curves: list[list[list[float]]]) -> tuple[np.ndarray, np.ndarray
 def finished(runs: list[dict[str, Any]], row: Row, system: str) -> list[dict[str, Any]]:
     """The runs that score ``row``'s ``system`` (a row sharing another's peer reads that
     row's peer runs)."""
-    name = row.peer_row or row.name if system == "peer" else row.name
+    name = source_row(row, system).name
     return [r for r in runs if r["row"] == name and r["system"] == system
             and r.get("final_eval") is not None]
 
@@ -388,25 +397,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--md", type=Path, default=HERE / "learning.md")
     parser.add_argument("--section", default="learning", help="section of --md to rewrite")
     parser.add_argument("--fresh", action="store_true",
-                        help="forget the runs --json records: every job runs again unless its "
-                             "folder in --work holds it, and the JSON keeps this call's runs only")
+                        help="forget what --json records of the rows and seeds asked: their "
+                             "jobs run again unless a folder in --work holds them; other rows' "
+                             "and seeds' records are kept")
     args = parser.parse_args(argv)
     steps = {name: row.steps for name, row in ROWS.items()}
     if args.quick:
         tmp = Path(tempfile.mkdtemp(prefix="daskrl-learning-"))
         args.rows, args.seeds, args.work = list(QUICK_STEPS), [1, 2], tmp / "runs"
         args.json, args.md, steps = tmp / "learning.json", tmp / "learning.md", QUICK_STEPS
-    kept = {} if args.fresh else recorded(args.json)
-    for key in kept:
-        if key[3] != steps.get(key[0]):
-            print(f"{args.json}: {key[0]} {key[1]} s{key[2]} ran "
-                  f"{'an unknown number of' if key[3] is None else f'{key[3]:,}'} steps, not "
-                  f"a budget of the suite's rows: kept in the JSON, not scored", file=sys.stderr)
     rows = [ROWS[name] for name in args.rows]
 
     def shared(row: Row, system: str) -> str:
-        return row.peer_row if system == "peer" and row.peer_row else row.name
+        return source_row(row, system).name
 
+    asked = {(shared(row, system), system) for row in rows for system in ("daskrl", "peer")}
+
+    def remembered(path: Path) -> dict[tuple[str, str, int, int | None], dict[str, Any]]:
+        return {k: r for k, r in recorded(path).items()
+                if not (args.fresh and (k[0], k[1]) in asked and k[2] in args.seeds)}
+
+    kept = remembered(args.json)
+    for key in kept:
+        if key[0] not in steps:
+            print(f"{args.json}: {key[0]} {key[1]} s{key[2]}: not a row of the suite: kept in "
+                  "the JSON, not scored", file=sys.stderr)
+        elif key[3] != steps[key[0]]:
+            print(f"{args.json}: {key[0]} {key[1]} s{key[2]} ran {key[3]:,} steps, not the "
+                  f"row's {steps[key[0]]:,}: kept in the JSON, not scored", file=sys.stderr)
     # seed by seed: a suite cut short has every row's first seeds, not some rows' all
     jobs = [(row, system, seed) for seed in args.seeds for row in rows
             for system in ("daskrl", "peer") if not (system == "peer" and row.peer_row
@@ -426,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['row']} {r['system']} seed {r['seed']} failed: {r['error'][-500:]}",
               file=sys.stderr)
     # read the JSON again: another call may have recorded runs while this one ran
-    merged = ({} if args.fresh else recorded(args.json)) | kept | {
+    merged = remembered(args.json) | kept | {
         (r["row"], r["system"], r["seed"], r["steps"]): r for r in new
         if r.get("final_eval") is not None}
     order = [*ROWS, *sorted({k[0] for k in merged} - set(ROWS))]
@@ -434,8 +452,8 @@ def main(argv: list[str] | None = None) -> None:
                   key=lambda r: (order.index(r["row"]), r["system"], r["seed"]))
     fill_curves(runs)
     # the report covers every row with runs at its budget, the kept ones included
-    scored = [r for r in runs if r.get("final_eval") is not None
-              and r.get("steps") == steps.get(r["row"])]
+    scored = [r for r in runs if r.get("final_eval") is not None and r["row"] in steps
+              and r.get("steps") == steps[r["row"]]]
     rows = [row for row in ROWS.values() if row.name in args.rows
             or any(r["row"] == row.name for r in scored)]
     summary = [summarise(row, scored, steps[row.name]) for row in rows]

@@ -127,7 +127,7 @@ def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_p
     learning.main(["--rows", "mappo-spread", "--seeds", "1", "2", "--no-run",
                    "--work", str(tmp_path / "w"), "--json", str(record),
                    "--md", str(tmp_path / "learning.md")])
-    assert "mappo-spread daskrl s2 ran 640,000 steps, not a budget of the suite's rows: kept" in (
+    assert "mappo-spread daskrl s2 ran 640,000 steps, not the row's 320,000: kept" in (
         capsys.readouterr().err)
     written = json.loads(record.read_text())
     assert [(r["seed"], r["steps"]) for r in written["runs"]] == [(1, 320_000), (2, 640_000)]
@@ -165,3 +165,26 @@ def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
     record.write_text(json.dumps({"runs": recorded_runs("ppo-cartpole", "peer", [500.0])}))
     learning.main(["--rows", "impala-cartpole", "--seeds", "1", *common])
     assert ran == [("impala-cartpole", "daskrl", 1, 500_000)]
+
+
+def test_fresh_forgets_only_the_rows_and_seeds_asked(learning, tmp_path, monkeypatch):
+    import json
+
+    record = tmp_path / "learning.json"
+    record.write_text(json.dumps({"runs": recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
+                                  + recorded_runs("sac-pendulum", "daskrl", [-150.0])}))
+    ran = []
+
+    def fake_run(row, system, seed, steps, work, may_run):
+        ran.append((row.name, system, seed))
+        return recorded_runs(row.name, system, [-5.0])[0] | {"seed": seed}
+
+    monkeypatch.setattr(learning, "run_one", fake_run)
+    learning.main(["--rows", "mappo-spread", "--seeds", "1", "--fresh", "--parallel", "1",
+                   "--work", str(tmp_path / "w"), "--json", str(record),
+                   "--md", str(tmp_path / "learning.md")])
+    assert ran == [("mappo-spread", "daskrl", 1), ("mappo-spread", "peer", 1)]
+    written = {(r["row"], r["system"], r["seed"]): r["final_eval"]
+               for r in json.loads(record.read_text())["runs"]}
+    assert written == {("mappo-spread", "daskrl", 1): -5.0, ("mappo-spread", "daskrl", 2): -21.0,
+                       ("mappo-spread", "peer", 1): -5.0, ("sac-pendulum", "daskrl", 1): -150.0}
