@@ -12,7 +12,7 @@ evaluation >= 475 (SB3's evaluation time is left out of its clock; daskrl's runs
 beside the training). Medians over seeds; per seed the three runs follow each other, so all
 see the same load (recorded per run).
 
-    python benchmarks/dqn_cartpole.py --seeds 3            # results/dqn_cartpole.json
+    python benchmarks/dqn_cartpole.py --seeds 3 --compile-row   # results/dqn_cartpole.json
     python benchmarks/dqn_cartpole.py --seeds 3 --steps 300000 --no-double-q-row
                                                            # results/dqn_cartpole_300k.json
     python benchmarks/dqn_cartpole.py --quick              # 5k steps, one seed
@@ -132,9 +132,12 @@ def _code(data: dict[str, Any]) -> str:
     machine = data.get("machine", {})
     dirty = " with uncommitted changes" if machine.get("git_dirty") else ""
     note = f" ({data['note']})" if data.get("note") else ""
-    codes = {}  # commit -> seeds, for runs a resumed call kept from an earlier commit
+    codes: dict[str, set[int]] = {}  # commit -> seeds: a resumed call keeps earlier runs
     for run in (r for rs in data.get("runs", {}).values() for r in rs):
         codes.setdefault(run.get("code", machine.get("git_commit", "?")), set()).add(run["seed"])
+    if len(codes) == 1:
+        dirty = dirty if next(iter(codes)) == machine.get("git_commit") else ""
+        return f"code at {next(iter(codes))}{dirty}{note}"
     if len(codes) > 1:
         return "code at " + ", ".join(
             f"{code} (seed{'s' if len(seeds) > 1 else ''} "
@@ -199,12 +202,12 @@ def main() -> None:
              + (("daskrl --compile",) if args.compile_row else ()))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     code = machine_info().get("git_commit")
-    if args.json.exists() and not args.fresh:
-        load_before, runs = kept_runs(args, names)
+    if args.json.exists() and not args.fresh and not args.quick:
+        defaults = {k: parser.get_default(k) for k in SAME_SETTINGS}
+        load_before, runs = kept_runs(args, names, defaults)
     for seed in range(1, args.seeds + 1):
-        for name in names:
-            if any(r["seed"] == seed for r in runs[name]):
-                continue
+        todo = [name for name in names if not any(r["seed"] == seed for r in runs[name])]
+        for name in todo:
             load = load_average()["load_1m"]
             if name == "sb3":
                 proc = subprocess.run([sys.executable, __file__, "--child", "sb3", "--seed",
@@ -220,19 +223,23 @@ def main() -> None:
             runs[name].append(run)
             print(f"seed {seed}: {name} {run['env_steps_per_s']:.0f} steps/s, to 475 "
                   f"{run['time_to_475_s']} s, load {load:.1f}", flush=True)
-        report(args, runs, load_before)
+        if todo:  # a seed kept whole changes nothing: the JSON and the page stay as they are
+            report(args, runs, load_before)
 
 
 SAME_SETTINGS = ("steps", "eval_every", "no_double_q_row", "compile_row")
 """What a saved run must share with this call for the call to keep it."""
 
 
-def kept_runs(args: argparse.Namespace, names: tuple[str, ...]
+def kept_runs(args: argparse.Namespace, names: tuple[str, ...],
+              defaults: dict[str, Any] | None = None
               ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The load before and the runs of ``args.json`` a call with the same settings keeps
-    (all its seeds); one line naming ``--fresh`` when the settings differ."""
+    (all its seeds); one line naming ``--fresh`` when the settings differ. ``defaults``: the
+    flags' defaults, for a JSON saved before a flag existed."""
     saved = json.loads(args.json.read_text())
-    differ = [k for k in SAME_SETTINGS if saved["settings"].get(k) != getattr(args, k)]
+    differ = [k for k in SAME_SETTINGS
+              if saved["settings"].get(k, (defaults or {}).get(k)) != getattr(args, k)]
     if differ:
         raise SystemExit(f"{args.json} holds runs with another {', '.join(differ)}: add "
                          "--fresh to replace them, or --json to keep them")
