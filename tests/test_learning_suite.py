@@ -6,6 +6,7 @@ smoke with the bench extra alone (.ci/extras.sh)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -74,8 +75,6 @@ def recorded_runs(row: str, system: str, finals: list[float], curve: bool = True
 
 
 def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_path):
-    import json
-
     record = tmp_path / "learning.json"
     old = (recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
            + recorded_runs("mappo-spread", "peer", [-19.0, -22.0])
@@ -99,8 +98,6 @@ def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_p
 
 
 def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatch):
-    import json
-
     drawn = []
     grid = learning.common_grid
     monkeypatch.setattr(learning, "common_grid",
@@ -118,8 +115,6 @@ def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatc
 
 
 def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_path, capsys):
-    import json
-
     record = tmp_path / "learning.json"
     other = recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
     other[1]["steps"] = 640_000
@@ -135,8 +130,6 @@ def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_p
 
 
 def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
-    import json
-
     record = tmp_path / "learning.json"
     record.write_text(json.dumps({"runs": recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
                                   + recorded_runs("mappo-spread", "peer", [-19.0])}))
@@ -149,7 +142,7 @@ def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
             later = json.loads(record.read_text())
             later["runs"] += recorded_runs("dqn-cartpole", "daskrl", [500.0])
             record.write_text(json.dumps(later))
-        return recorded_runs(row.peer_row or row.name if system == "peer" else row.name,
+        return recorded_runs(learning.source_row(row, system).name,
                              system, [-1.0])[0] | {"seed": seed, "steps": steps}
 
     monkeypatch.setattr(learning, "run_one", fake_run)
@@ -168,8 +161,6 @@ def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
 
 
 def test_fresh_forgets_only_the_rows_and_seeds_asked(learning, tmp_path, monkeypatch):
-    import json
-
     record = tmp_path / "learning.json"
     record.write_text(json.dumps({"runs": recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
                                   + recorded_runs("sac-pendulum", "daskrl", [-150.0])}))
