@@ -6,7 +6,6 @@ tests skip, saying why, where Chromium or playwright is not installed:
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import json
 import math
@@ -22,6 +21,7 @@ import dask
 import pytest
 import yaml
 from distributed import Client, LocalCluster
+from script_loader import EXAMPLES, load
 
 from daskrl.cluster.local import local_cluster
 from daskrl.distributions import get_distribution
@@ -33,15 +33,8 @@ from daskrl.runtime.driver import RunSettings, train
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "dashboard_screenshot", REPO / "examples" / "dashboard_screenshot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-shot = _load_example()  # its Chromium lookup and TrainingRun (daskrl train, dashboard line)
+# its Chromium lookup and TrainingRun (daskrl train, dashboard line)
+shot = load(EXAMPLES / "dashboard_screenshot.py", "dashboard_screenshot")
 SHOWN = ("iteration", "env_steps", "episode_return_mean", "env_steps_per_s", "policy_lag",
          "learner_busy", "replay_size")
 """Columns of the page's run row that come straight from ``metrics.csv``."""

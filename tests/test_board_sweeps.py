@@ -6,7 +6,6 @@ playwright is not installed: ``apt-get install chromium`` and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from script_loader import EXAMPLES, load
 
 from daskrl.observe.board import TOPIC, TRIAL_STATES, Board, board_settings
 from daskrl.observe.board_feed import sweep_message
@@ -27,15 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(180)
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "dashboard_screenshot", REPO / "examples" / "dashboard_screenshot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-shot = _load_example()  # its Chromium lookup, as tests/test_board.py uses it
+# its Chromium lookup, as tests/test_board.py uses it
+shot = load(EXAMPLES / "dashboard_screenshot.py", "dashboard_screenshot")
 
 
 def _trials(states: list[str]) -> list[dict[str, Any]]:

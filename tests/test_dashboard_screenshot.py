@@ -4,24 +4,16 @@ is not installed: ``apt-get install chromium`` and ``pip install -e '.[screensho
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+from script_loader import EXAMPLES, load
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location(
-        "dashboard_screenshot", REPO / "examples" / "dashboard_screenshot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-shot = _load_example()
+shot = load(EXAMPLES / "dashboard_screenshot.py", "dashboard_screenshot")
 
 
 def test_a_missing_chromium_is_named_with_the_fix(capsys):

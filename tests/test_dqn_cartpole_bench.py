@@ -4,27 +4,18 @@ settings, refuses in one line when the settings differ, and names each run's com
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from script_loader import BENCH, script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # the script imports _common from its own folder
-    try:
-        spec = importlib.util.spec_from_file_location("dqn_cartpole_bench",
-                                                      BENCH / "dqn_cartpole.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with script(BENCH / "dqn_cartpole.py", "dqn_cartpole_bench") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def saved(path: Path, eval_every: int = 25600) -> argparse.Namespace:

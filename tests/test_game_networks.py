@@ -4,34 +4,25 @@ tactics."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from script_loader import BENCH, script
 
 from marl.board_game import GameShape, make_game, tactical_positions
 from marl.board_network import MaskedActorCritic
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def tactics():
     """``benchmarks/board_tactics.py`` as a module (its training loop is the one measured)."""
-    sys.path.insert(0, str(BENCH))  # the script imports _common from its own folder
     threads = torch.get_num_threads()
     try:
-        spec = importlib.util.spec_from_file_location("board_tactics", BENCH / "board_tactics.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        torch.set_num_threads(1)
-        yield module
+        with script(BENCH / "board_tactics.py", "board_tactics") as module:
+            torch.set_num_threads(1)
+            yield module
     finally:
         torch.set_num_threads(threads)
-        sys.path.remove(str(BENCH))
 
 
 def fours(pieces: np.ndarray) -> bool:

@@ -3,27 +3,18 @@ benchmark that compares daskrl's general path against it compares the same maths
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from script_loader import BENCH, script
 
 from daskrl.algos.ppo import PPOHyper, ppo_loss
-
-HAND = Path(__file__).resolve().parents[1] / "benchmarks" / "hand_kernel.py"
 
 
 @pytest.fixture(scope="module")
 def hand():
-    spec = importlib.util.spec_from_file_location("hand_kernel", HAND)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hand_kernel"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("hand_kernel", None)
+    with script(BENCH / "hand_kernel.py", "hand_kernel") as module:
+        yield module
 
 
 @pytest.mark.parametrize("clip_vloss", [True, False])

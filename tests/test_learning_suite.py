@@ -5,30 +5,19 @@ smoke with the bench extra alone (.ci/extras.sh)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from script_loader import BENCH, script
 
 pytest.importorskip("rliable", reason="the intervals need rliable (the sweep or bench extra)")
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def learning():
-    sys.path.insert(0, str(BENCH))  # the script imports _common from its own folder
-    try:
-        spec = importlib.util.spec_from_file_location("learning_suite", BENCH / "learning.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
+    with script(BENCH / "learning.py", "learning_suite") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCH))
-        sys.modules.pop("learning_suite", None)
 
 
 def runs(row: str, system: str, finals: list[float]) -> list[dict]:
