@@ -8,8 +8,9 @@ reported per (graph, budget): the final greedy evaluation of each seed (``summar
 ``eval_return_mean``), their median, and the training return over the last 10 % of the run.
 Runs live under ``--work`` as ``GRAPH/<budget>k-s<seed>``; a run already there is read, not
 run again, and a run already recorded in ``--json`` is kept (its folder may be gone: the
-table grows graph by graph over several sessions; ``--fresh`` runs them all again);
-``--parallel`` runs go at once (returns do not depend on the load).
+table grows graph by graph over several sessions; ``--fresh`` runs the jobs asked again);
+``--parallel`` runs go at once (returns do not depend on the load). The JSON is read again
+just before it is written, so two calls at once keep each other's runs.
 
     python benchmarks/budgets.py --graphs ppo impala a3c --seeds 1 2 3
     python benchmarks/budgets.py --quick            # ppo, 2k/4k steps, one seed
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--md", type=Path, default=HERE / "budgets.md")
     parser.add_argument("--section", default="budgets", help="section of --md to rewrite")
     parser.add_argument("--fresh", action="store_true",
-                        help="run every job again, not keeping the runs --json records")
+                        help="run the graphs, budgets and seeds asked again, forgetting what "
+                             "--json records of them (other runs it records are kept)")
     args = parser.parse_args(argv)
     if args.quick:
         import tempfile
@@ -138,16 +140,24 @@ def main(argv: list[str] | None = None) -> None:
     else:
         budgets = {g: [int(GRAPHS[g][1] * m) for m in args.multiples] for g in args.graphs}
         bases = {g: GRAPHS[g][1] for g in args.graphs}
-    kept = {} if args.fresh else recorded(args.json)
-    jobs = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds
-            if (g, b, s) not in kept]
+    asked = [(g, b, s) for g in args.graphs for b in budgets[g] for s in args.seeds]
+
+    def remembered() -> dict[tuple[str, int, int], dict[str, Any]]:
+        return {k: r for k, r in recorded(args.json).items()
+                if not (args.fresh and k in asked)}
+
+    kept = remembered()
+    jobs = [job for job in asked if job not in kept]
     loads = [load_average()]
     runs = run_all(jobs, lambda job: run_one(*job, args.work), args.parallel,
                    lambda job, result: f"{job[0]} {job[1]:,} s{job[2]}: {result.get('final_eval')}")
     loads.append(load_average())
+    # read the JSON again: another call may have recorded runs while this one ran
+    merged = kept | remembered() | {(r["graph"], r["budget"], r["seed"]): r for r in runs
+                                    if r.get("final_eval") is not None}
     order = list(GRAPHS)
-    runs = sorted([*kept.values(), *runs], key=lambda r: (order.index(r["graph"]),
-                                                          r["budget"], r["seed"]))
+    runs = sorted([*merged.values(), *(r for r in runs if r.get("final_eval") is None)],
+                  key=lambda r: (order.index(r["graph"]), r["budget"], r["seed"]))
     bases = {g: GRAPHS[g][1] for g in dict.fromkeys(r["graph"] for r in runs)} | bases
     errors = [r for r in runs if r.get("error")]
     for r in errors:

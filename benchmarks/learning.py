@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['row']} {r['system']} seed {r['seed']} failed: {r['error'][-500:]}",
               file=sys.stderr)
     # read the JSON again: another call may have recorded runs while this one ran
-    merged = remembered(args.json) | kept | {
+    merged = kept | remembered(args.json) | {
         (r["row"], r["system"], r["seed"], r["steps"]): r for r in new
         if r.get("final_eval") is not None}
     order = [*ROWS, *sorted({k[0] for k in merged} - set(ROWS))]
