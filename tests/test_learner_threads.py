@@ -64,6 +64,24 @@ def test_more_threads_are_kept_only_when_clearly_faster():
     assert ThreadChoice(4, 4).chosen == 4  # nothing beyond the grant: no measuring
 
 
+def test_a_kept_count_is_measured_again_and_follows_the_host():
+    """A choice made while another process had the cores is not kept for the whole run,
+    and measuring again costs a small share of the learner's time."""
+    busy = ThreadChoice(1, 4, trials=3)
+    feed(busy, {1: 1.0, 4: 2.0}, 5)  # four threads lose while the host is busy
+    assert busy.chosen == 1
+    used = feed(busy, {1: 1.0, 4: 0.5}, 200)  # the host is free again
+    assert busy.chosen == 4 and busy.rounds >= 2
+    assert used[-100:].count(4) >= 95  # a round now and then tries one thread again
+    assert used.index(4) <= 20 * 3 + 1  # measured again within REVISIT x the first round
+    steady = ThreadChoice(1, 4, trials=3)
+    seconds = {1: 1.0, 4: 2.0}
+    used = feed(steady, seconds, 2000)
+    assert steady.chosen == 1 and steady.rounds > 10
+    at_four = used.count(4) * seconds[4] / sum(seconds[n] for n in used)
+    assert 0 < at_four < 0.06, at_four  # each round costs one update at the losing count
+
+
 def test_the_task_keeps_its_grant_around_an_update():
     before = torch.get_num_threads()
     holder = {"thread_choice": ThreadChoice(before, before + 1, trials=1)}

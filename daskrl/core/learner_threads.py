@@ -18,10 +18,15 @@ processes); a count 25 % faster in every update so far is kept after one update 
 :func:`learner_threads` wraps one update; the choice lives with the worker's resident
 learner, so a rebuilt learner (a lost worker, a resumed run) measures again.
 
-Limits: the choice is made once, from the run's first updates, and sees only the learner's
-own time: a periodic evaluation (``--eval-every``) or another run on the same workers (a
-sweep's trials) running meanwhile is not weighed, and when more threads were kept they
-compete with it. A compiled step (``--compile``) keeps the thread count of its fused
+The choice is measured again once the kept count has run for :data:`REVISIT` times what the
+last measurement took, so that a choice made while the host was busy (another run starting
+beside this one) is not kept for the whole run, and measuring costs at most about 5 % of
+the learner's time.
+
+Limits: each measurement sees only the learner's own time: a periodic evaluation
+(``--eval-every``) or another run on the same workers (a sweep's trials) running meanwhile
+is not weighed, and when more threads were kept they compete with it until the next
+measurement. A compiled step (``--compile``) keeps the thread count of its fused
 kernels from when it compiled (inductor writes it into the kernels); only its library
 calls (matrix products) follow the count.
 """
@@ -46,6 +51,10 @@ CLEAR = 0.75
 """A count whose every update so far took at most this share of the other's fastest is
 kept at once, without the remaining trials (a slow update, a CNN's, costs seconds each)."""
 
+REVISIT = 20.0
+"""A kept count is measured again after it has run for this many times the wall time of
+the measurement that kept it (every timed update of that round, at each count)."""
+
 
 class ThreadChoice:
     """Times updates at the grant's thread count and at ``cores``, and keeps the faster.
@@ -58,6 +67,9 @@ class ThreadChoice:
         CPUs this process may run on.
     trials : int
         Timed updates of each count before choosing.
+    revisit : float
+        Measure again once the kept count has run this many times as long as the
+        measurement that kept it (:data:`REVISIT`).
 
     Examples
     --------
@@ -69,16 +81,26 @@ class ThreadChoice:
     (2, {1: 1.05, 2: 0.825})
     >>> ThreadChoice(2, 2).next()  # nothing beyond the grant to try
     2
+    >>> for _ in range(16):  # 80 s at 2 threads: past 20 x the 3.75 s that measured it
+    ...     choice.record(2, 5.0)
+    >>> choice.chosen, choice.next(), choice.rounds  # measuring again, the grant first
+    (None, 1, 2)
     """
 
-    def __init__(self, grant: int, cores: int, trials: int = 3) -> None:
+    def __init__(self, grant: int, cores: int, trials: int = 3,
+                 revisit: float = REVISIT) -> None:
         self.grant = max(1, grant)
         self.candidates = (self.grant,) if cores <= self.grant else (self.grant, cores)
         self.trials = trials
+        self.revisit = revisit
         self.seconds: dict[int, list[float]] = {c: [] for c in self.candidates}
         self.warm = False
         self.chosen: int | None = self.grant if len(self.candidates) == 1 else None
         """The thread count kept; None while measuring."""
+        self.rounds = 1
+        """Measurements begun (the first, then one per :attr:`revisit`)."""
+        self._measured_s = 0.0  # this round's timed updates
+        self._kept_s = 0.0  # the kept count's updates since it was kept
 
     def next(self) -> int:
         """The thread count for the next update: the grant first (its update is not timed:
@@ -91,13 +113,20 @@ class ThreadChoice:
 
     def record(self, threads: int, seconds: float) -> None:
         """One update's wall ``seconds`` at ``threads``; chooses once each count has
-        ``trials`` of them."""
+        ``trials`` of them, and measures again after :attr:`revisit` times as long at the
+        kept count."""
         if self.chosen is not None:
+            self._kept_s += seconds
+            if len(self.candidates) > 1 and self._kept_s >= self.revisit * self._measured_s:
+                self.seconds = {c: [] for c in self.candidates}
+                self.chosen, self._measured_s, self._kept_s = None, 0.0, 0.0
+                self.rounds += 1
             return
         if not self.warm:
             self.warm = True
             return
         self.seconds[threads].append(seconds)
+        self._measured_s += seconds
         if not all(self.seconds.values()):
             return
         med = self.medians()
