@@ -23,6 +23,24 @@ os.environ.setdefault("DASKRL_BOOTSTRAP_REPS", "1000")
 PPO_GRAPH = REPO / "graphs" / "ppo.py"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cluster_workers_forked() -> Iterator[None]:
+    """The worker processes of the clusters tests start fork from daskrl's worker fork server,
+    as ``daskrl train``'s do: it imported torch, Dask and gymnasium once, where each spawned
+    worker (Dask's default) imports them again, 2-3 CPU-seconds a worker. A test that wants
+    Dask's default sets ``distributed.worker.multiprocessing-method`` itself."""
+    import dask
+
+    from daskrl.cluster.forkserver import worker_forkserver
+
+    method = worker_forkserver()
+    if method is None:
+        yield
+        return
+    with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        yield
+
+
 @pytest.fixture(scope="module")
 def cluster_one_cpu() -> Iterator[Client]:
     """A client of daskrl's own cluster with one worker of one CPU."""

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import dask
 import pytest
 from distributed import Client, LocalCluster
 
@@ -43,8 +44,10 @@ def _trained(summary: dict, workers: set) -> None:
 def user_cluster(request: pytest.FixtureRequest) -> Iterator[Client]:
     """A LocalCluster as a Dask user makes one (``request.param``: its keyword arguments)."""
     where = {"host": "127.0.0.1"} if request.param["processes"] else {}  # threads: inproc://
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
-                           **where, **request.param)
+    # Dask's default start method, not the fork server the other tests' clusters use
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
+                               **where, **request.param)
     client = Client(cluster)
     try:
         client.wait_for_workers(2, timeout=60)
