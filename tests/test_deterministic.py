@@ -49,13 +49,16 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def test_a_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     args = [sys.executable, "-m", "daskrl.cli", "train", str(GRAPH), "--scheduler", "sync",
-            "--deterministic", "--steps", str(32 * 2 * 4 * 64), "--num-actors", "2",
+            "--deterministic", "--steps", str(16 * 2 * 4 * 64), "--num-actors", "2",
             "--num-envs", "4", "--num-steps", "64", "--checkpoint-every", "3", "--no-eval",
             "--no-progress"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    full = subprocess.run([*args, "--out", str(tmp_path / "full")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240)
-    assert full.returncode == 0, full.stderr
+    # the uninterrupted run goes beside the one to be killed: under --deterministic the
+    # weights do not depend on how the two share the cores
+    full_log = tmp_path / "full.stderr"
+    with full_log.open("w") as log:
+        full = subprocess.Popen([*args, "--out", str(tmp_path / "full")], env=env,
+                                cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen([*args, "--out", str(killed)], env=env, cwd=tmp_path,
@@ -73,12 +76,13 @@ def test_a_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     resumed = subprocess.run([*args, "--out", str(killed), "--resume"], env=env, cwd=tmp_path,
                              capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr
+    assert full.wait(timeout=240) == 0, full_log.read_text()
     a = json.loads((tmp_path / "full" / "summary.json").read_text())
     b = json.loads((killed / "summary.json").read_text())
     assert a["weights_sha256"] == b["weights_sha256"]
     assert a["env_steps"] == b["env_steps"]
     rows = _rows(killed / "metrics.csv")
-    assert [int(r["iteration"]) for r in rows] == list(range(1, 33))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 17))
     full_rows = _rows(tmp_path / "full" / "metrics.csv")
     assert [r["episode_return_mean"] for r in rows] == [r["episode_return_mean"]
                                                          for r in full_rows]

@@ -119,7 +119,7 @@ def test_adapt_grows_an_apex_run_and_its_replay_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "daskrl", "train", str(REPO / "graphs" / "dqn.py"),
-         "--distribution", "apex", "--adapt", "1:2", "--steps", str(24 * 512),
+         "--distribution", "apex", "--adapt", "1:2", "--steps", str(24 * 256), "--num-envs", "2",
          "--num-actors", "2", "--env-step-cost", "0.004", "--resources", "rollout=CPU:0.5",
          "--no-eval", "--no-progress", "--out", str(out)],
         capture_output=True, text=True, timeout=280, cwd=tmp_path)

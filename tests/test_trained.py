@@ -148,8 +148,16 @@ def test_eval_refuses_what_it_cannot_do_in_one_line(trained, tmp_path):
         "observations of shape (6,)": ("eval", str(trained), "--env", "Acrobot-v1"),
         "a .pt2 file": ("export", str(trained), "--out", str(tmp_path / "p.pt")),
     }
-    for expected, args in cases.items():
-        result = daskrl_cli(list(args), tmp_path)
+    # all at once: each is a process that imports torch and refuses (the cores take turns)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs = {expected: subprocess.Popen([sys.executable, "-m", "daskrl.cli", *args],
+                                        cwd=tmp_path, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for expected, args in cases.items()}
+    for expected, proc in procs.items():
+        _, stderr = proc.communicate(timeout=240)
+        result = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
+        args = cases[expected]
         lines = [ln for ln in result.stderr.splitlines() if ln.startswith("daskrl: error:")]
         assert result.returncode == 2 and len(lines) == 1, (args, result.stderr)
         assert expected in lines[0] and "Traceback" not in result.stderr, lines[0]
