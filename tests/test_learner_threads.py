@@ -16,7 +16,7 @@ from distributed import Client
 
 from daskrl.cluster.local import local_cluster
 from daskrl.core.envs import usable_cpus
-from daskrl.core.learner_threads import ThreadChoice, learner_threads
+from daskrl.core.learner_threads import WINDOW, ThreadChoice, learner_threads
 from daskrl.core.script import load_graph
 from daskrl.distributions import get_distribution
 from daskrl.observe.profile import report
@@ -74,6 +74,11 @@ def test_a_kept_count_is_measured_again_and_follows_the_host():
     assert busy.chosen == 4 and busy.rounds >= 2
     assert used[-100:].count(4) >= 95  # a round now and then tries one thread again
     assert used.index(4) <= 20 * 3 + 1  # measured again within REVISIT x the first round
+    freed = ThreadChoice(1, 4, trials=3)
+    feed(freed, {1: 2.0, 4: 6.0}, 5)  # both counts slow while another run had the cores
+    assert freed.chosen == 1
+    used = feed(freed, {1: 1.0, 4: 0.5}, 20)  # it ended: the kept count got faster
+    assert used.index(4) <= WINDOW + 1 and freed.chosen == 4 and freed.rounds == 2
     steady = ThreadChoice(1, 4, trials=3)
     seconds = {1: 1.0, 4: 2.0}
     used = feed(steady, seconds, 2000)

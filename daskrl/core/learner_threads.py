@@ -18,10 +18,11 @@ processes); a count 25 % faster in every update so far is kept after one update 
 :func:`learner_threads` wraps one update; the choice lives with the worker's resident
 learner, so a rebuilt learner (a lost worker, a resumed run) measures again.
 
-The choice is measured again once the kept count has run for :data:`REVISIT` times what the
-last measurement took, so that a choice made while the host was busy (another run starting
-beside this one) is not kept for the whole run, and measuring costs at most about 5 % of
-the learner's time.
+The choice is measured again when the kept count's own updates get :data:`SHIFT` faster or
+slower than they were when it was kept (the host's load changed: another run that started
+beside this one ended), and in any case once the kept count has run for :data:`REVISIT`
+times what the last measurement took (so measuring costs at most about 5 % of the learner's
+time). A choice made while the host was busy is not kept for the whole run.
 
 Limits: each measurement sees only the learner's own time: a periodic evaluation
 (``--eval-every``) or another run on the same workers (a sweep's trials) running meanwhile
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
@@ -54,6 +56,14 @@ kept at once, without the remaining trials (a slow update, a CNN's, costs second
 REVISIT = 20.0
 """A kept count is measured again after it has run for this many times the wall time of
 the measurement that kept it (every timed update of that round, at each count)."""
+
+SHIFT = 0.25
+"""A kept count is measured again when the median of its last :data:`WINDOW` updates is
+more than this share faster or slower than its median when it was kept."""
+
+WINDOW = 5
+"""Updates of the kept count whose median :data:`SHIFT` compares (one slow update, a
+checkpoint or a collection pass, does not move it)."""
 
 
 class ThreadChoice:
@@ -81,8 +91,8 @@ class ThreadChoice:
     (2, {1: 1.05, 2: 0.825})
     >>> ThreadChoice(2, 2).next()  # nothing beyond the grant to try
     2
-    >>> for _ in range(16):  # 80 s at 2 threads: past 20 x the 3.75 s that measured it
-    ...     choice.record(2, 5.0)
+    >>> for _ in range(5):  # the kept count's updates take 3x as long: the load changed
+    ...     choice.record(2, 2.5)
     >>> choice.chosen, choice.next(), choice.rounds  # measuring again, the grant first
     (None, 1, 2)
     """
@@ -101,6 +111,8 @@ class ThreadChoice:
         """Measurements begun (the first, then one per :attr:`revisit`)."""
         self._measured_s = 0.0  # this round's timed updates
         self._kept_s = 0.0  # the kept count's updates since it was kept
+        self._reference = 0.0  # the kept count's median when it was kept
+        self._recent: deque[float] = deque(maxlen=WINDOW)  # its latest updates
 
     def next(self) -> int:
         """The thread count for the next update: the grant first (its update is not timed:
@@ -117,7 +129,9 @@ class ThreadChoice:
         kept count."""
         if self.chosen is not None:
             self._kept_s += seconds
-            if len(self.candidates) > 1 and self._kept_s >= self.revisit * self._measured_s:
+            self._recent.append(seconds)
+            if len(self.candidates) > 1 and (self._kept_s >= self.revisit * self._measured_s
+                                             or self._shifted()):
                 self.seconds = {c: [] for c in self.candidates}
                 self.chosen, self._measured_s, self._kept_s = None, 0.0, 0.0
                 self.rounds += 1
@@ -136,6 +150,16 @@ class ThreadChoice:
             self.chosen = best
         elif all(len(v) >= self.trials for v in self.seconds.values()):
             self.chosen = best if med[best] <= MARGIN * med[self.grant] else self.grant
+        if self.chosen is not None:
+            self._reference = med[self.chosen]
+            self._recent.clear()
+
+    def _shifted(self) -> bool:
+        """Whether the kept count's latest updates moved :data:`SHIFT` from its median when
+        it was kept."""
+        if len(self._recent) < WINDOW or self._reference <= 0:
+            return False
+        return abs(statistics.median(self._recent) / self._reference - 1) > SHIFT
 
     def medians(self) -> dict[int, float]:
         """The median seconds of each count timed so far."""
