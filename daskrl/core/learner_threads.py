@@ -19,10 +19,13 @@ processes); a count 25 % faster in every update so far is kept after one update 
 learner, so a rebuilt learner (a lost worker, a resumed run) measures again.
 
 The choice is measured again when the kept count's own updates get :data:`SHIFT` faster or
-slower than they were when it was kept (the host's load changed: another run that started
-beside this one ended), and in any case once the kept count has run for :data:`REVISIT`
-times what the last measurement took (so measuring costs at most about 5 % of the learner's
-time). A choice made while the host was busy is not kept for the whole run.
+slower than when it was kept (its updates in the measurement and its first ones after: the
+host's load changed, another run that started beside this one ended), looked for once the
+kept count has run :data:`SETTLE` times as long as the measurement that kept it, and in any
+case once it has run :data:`REVISIT` times as long (so measuring costs at most about 5 % of
+the learner's time while the load holds, and at most about 25 % if updates were to swing by
+more than :data:`SHIFT` all the time). A choice made while the host was busy is not kept for
+the whole run.
 
 Limits: each measurement sees only the learner's own time: a periodic evaluation
 (``--eval-every``) or another run on the same workers (a sweep's trials) running meanwhile
@@ -59,11 +62,17 @@ the measurement that kept it (every timed update of that round, at each count)."
 
 SHIFT = 0.25
 """A kept count is measured again when the median of its last :data:`WINDOW` updates is
-more than this share faster or slower than its median when it was kept."""
+more than this share faster or slower than the median of its updates in the measurement
+that kept it and its first :data:`WINDOW` updates after."""
 
 WINDOW = 5
-"""Updates of the kept count whose median :data:`SHIFT` compares (one slow update, a
-checkpoint or a collection pass, does not move it)."""
+"""Updates of the kept count whose medians :data:`SHIFT` compares (one slow update, a
+checkpoint or a collection pass, does not move them)."""
+
+SETTLE = 4.0
+"""A shift is looked for only once the kept count has run this many times as long as the
+measurement that kept it: updates that swing all the time cannot make measuring the larger
+part of the learner's time."""
 
 
 class ThreadChoice:
@@ -91,9 +100,9 @@ class ThreadChoice:
     (2, {1: 1.05, 2: 0.825})
     >>> ThreadChoice(2, 2).next()  # nothing beyond the grant to try
     2
-    >>> for _ in range(5):  # the kept count's updates take 3x as long: the load changed
-    ...     choice.record(2, 2.5)
-    >>> choice.chosen, choice.next(), choice.rounds  # measuring again, the grant first
+    >>> for seconds in [0.8] * 20 + [2.4] * 3:  # then its updates take 3x as long
+    ...     choice.record(2, seconds)
+    >>> choice.chosen, choice.next(), choice.rounds  # the load changed: measuring again
     (None, 1, 2)
     """
 
@@ -107,11 +116,13 @@ class ThreadChoice:
         self.warm = False
         self.chosen: int | None = self.grant if len(self.candidates) == 1 else None
         """The thread count kept; None while measuring."""
-        self.rounds = 1
-        """Measurements begun (the first, then one per :attr:`revisit`)."""
+        self.rounds = 0 if self.chosen is not None else 1
+        """Measurements begun: the first, then one each time the choice is measured again
+        (none where there is one count)."""
         self._measured_s = 0.0  # this round's timed updates
         self._kept_s = 0.0  # the kept count's updates since it was kept
-        self._reference = 0.0  # the kept count's median when it was kept
+        self._first: list[float] = []  # its updates in the measurement and WINDOW after
+        self._want = 0  # how many _first holds when complete
         self._recent: deque[float] = deque(maxlen=WINDOW)  # its latest updates
 
     def next(self) -> int:
@@ -129,6 +140,8 @@ class ThreadChoice:
         kept count."""
         if self.chosen is not None:
             self._kept_s += seconds
+            if len(self._first) < self._want:
+                self._first.append(seconds)
             self._recent.append(seconds)
             if len(self.candidates) > 1 and (self._kept_s >= self.revisit * self._measured_s
                                              or self._shifted()):
@@ -151,15 +164,16 @@ class ThreadChoice:
         elif all(len(v) >= self.trials for v in self.seconds.values()):
             self.chosen = best if med[best] <= MARGIN * med[self.grant] else self.grant
         if self.chosen is not None:
-            self._reference = med[self.chosen]
-            self._recent.clear()
+            self._first = list(self.seconds[self.chosen])
+            self._want, self._recent = len(self._first) + WINDOW, deque(maxlen=WINDOW)
 
     def _shifted(self) -> bool:
-        """Whether the kept count's latest updates moved :data:`SHIFT` from its median when
-        it was kept."""
-        if len(self._recent) < WINDOW or self._reference <= 0:
+        """Whether the kept count's latest updates moved :data:`SHIFT` from its first ones,
+        once it has run :data:`SETTLE` times as long as its measurement."""
+        if self._kept_s < SETTLE * self._measured_s or len(self._first) < self._want:
             return False
-        return abs(statistics.median(self._recent) / self._reference - 1) > SHIFT
+        first = statistics.median(self._first)
+        return first > 0 and abs(statistics.median(self._recent) / first - 1) > SHIFT
 
     def medians(self) -> dict[int, float]:
         """The median seconds of each count timed so far."""

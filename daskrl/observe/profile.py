@@ -110,6 +110,22 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
+def kept_threads(threads: list[float], last: int = 20) -> int | None:
+    """The learner's kept thread count from the ``learner_threads`` of each update: the most
+    common over the last ``last`` (a measurement, :mod:`daskrl.core.learner_threads`, tries
+    the other count in a few), the latest on a tie; None without any.
+
+    Examples
+    --------
+    >>> kept_threads([2, 2, 1, 2, 2, 1]), kept_threads([float("nan")])  # the last: a trial
+    (2, None)
+    """
+    counts = [int(t) for t in threads if not math.isnan(t)][-last:]
+    if not counts:
+        return None
+    return max(reversed(counts), key=counts.count)
+
+
 def core_use(rows: list[dict[str, float]]) -> str | None:
     """How many cores each role kept busy: CPU seconds per wall second while the learner
     updates (``learner_cpu_s`` over ``learn_s``, with its torch threads) and while the
@@ -128,9 +144,8 @@ def core_use(rows: list[dict[str, float]]) -> str | None:
     rollout_cpu, rollout = _mean(rows, "rollout_cpu_s"), _mean(rows, "rollout_s")
     parts = []
     if learn > 0 and not math.isnan(learner_cpu):
-        threads = [r["learner_threads"] for r in rows
-                   if not math.isnan(r.get("learner_threads", math.nan))]
-        kept = f" ({threads[-1]:.0f} thread{'s' if threads[-1] > 1 else ''})" if threads else ""
+        count = kept_threads([r.get("learner_threads", math.nan) for r in rows])
+        kept = f" ({count} thread{'s' if count > 1 else ''})" if count else ""
         parts.append(f"learner {learner_cpu / learn:.2f} updating{kept}")
     if rollout > 0 and not math.isnan(rollout_cpu):
         parts.append(f"rollouts {rollout_cpu / rollout:.2f}")

@@ -34,6 +34,7 @@ from daskrl.observe.board_feed import RunFeed
 from daskrl.observe.live_advice import RunAdvisor
 from daskrl.observe.metrics import write_summary
 from daskrl.observe.plot import read_metrics
+from daskrl.observe.profile import kept_threads
 from daskrl.observe.timeline import Timeline
 from daskrl.runtime.checkpoint import load_for_resume, load_latest
 from daskrl.runtime.dask_backend import DaskBackend
@@ -296,12 +297,14 @@ def _run(backend: Backend, algo: Algorithm, distribution: Distribution, settings
         columns = read_metrics(out)
         summary.update(loop.distribution.headline_figures(
             since_last_switch(columns, loop.replans.records)))
-        for key in ("compile_s", "learner_threads"):
-            # --compile: what the learner's process spent compiling; the threads its update
-            # kept (daskrl.core.learner_threads): the last row's
-            last = (columns.get(key) or [math.nan])[-1]
-            if not math.isnan(last):
-                summary[key] = int(last) if key == "learner_threads" else last
+        # --compile: what the learner's process spent compiling (the last row's)
+        compile_s = (columns.get("compile_s") or [math.nan])[-1]
+        if not math.isnan(compile_s):
+            summary["compile_s"] = compile_s
+        # the threads its update kept (daskrl.core.learner_threads)
+        threads = kept_threads(columns.get("learner_threads") or [])
+        if threads is not None:
+            summary["learner_threads"] = threads
     if settings.eval:
         summary.update(_evaluate(backend, algo, settings, loop, total))
         summary.update(loop.evals.forgetting(summary.get("eval_return_mean", math.nan)))
