@@ -2,8 +2,10 @@
 
 The scripts are not a package: a benchmark imports ``_common`` from its own folder, and a
 script's dataclasses look their module up in ``sys.modules``. :func:`script` gives both for
-the length of a ``with`` block (a module-scoped fixture), and undoes them after, so one test
-file's script does not shadow another's.
+the length of a ``with`` block (a module-scoped fixture), and takes the script's folder off
+``sys.path`` and the script's module out of ``sys.modules`` after, so one test file's script
+does not shadow another's (a sibling it imported, such as ``_common``, stays imported).
+:func:`load` alone leaves the module registered.
 """
 
 from __future__ import annotations

@@ -24,15 +24,20 @@ def record(graph: str, budget: int, seed: int, final: float) -> dict[str, Any]:
 
 
 def call(budgets, monkeypatch, tmp_path: Path, argv: list[str],
-         meanwhile: dict[str, Any] | None = None) -> list[tuple[str, int, int]]:
-    """Run ``budgets.main(argv)`` with each job's run faked (final eval 1.0); ``meanwhile``
-    is a run another call records in the JSON while the first job runs. The jobs run."""
+         meanwhile: tuple[dict[str, Any], ...] = ()) -> list[tuple[str, int, int]]:
+    """Run ``budgets.main(argv)`` with each job's run faked (final eval 1.0); ``meanwhile``:
+    runs another call records in the JSON while the first job runs (replacing its record of
+    the same graph, budget and seed). The jobs run."""
     ran = []
 
+    def key(r: dict[str, Any]) -> tuple[str, int, int]:
+        return r["graph"], r["budget"], r["seed"]
+
     def fake(graph: str, budget: int, seed: int, work: Path) -> dict[str, Any]:
-        if meanwhile is not None and not ran:
+        if meanwhile and not ran:
             saved = json.loads((tmp_path / "b.json").read_text())
-            saved["runs"].append(meanwhile)
+            other = {key(r) for r in meanwhile}
+            saved["runs"] = [r for r in saved["runs"] if key(r) not in other] + list(meanwhile)
             (tmp_path / "b.json").write_text(json.dumps(saved))
         ran.append((graph, budget, seed))
         return record(graph, budget, seed, 1.0)
@@ -52,11 +57,12 @@ def test_a_call_runs_only_what_the_json_lacks_and_keeps_a_concurrent_run(
         budgets, monkeypatch, tmp_path):
     (tmp_path / "b.json").write_text(json.dumps({"runs": [
         record("sac", 20_000, 1, -120.0), record("ppo", 500_000, 1, 500.0)]}))
-    other = record("td3", 20_000, 9, -130.0)  # another call's run, written meanwhile
+    # another call meanwhile records a new run and runs one of the kept ones again (--fresh)
+    others = (record("td3", 20_000, 9, -130.0), record("ppo", 500_000, 1, 491.0))
     ran = call(budgets, monkeypatch, tmp_path,
-               ["--graphs", "sac", "--multiples", "1", "--seeds", "1", "2"], meanwhile=other)
+               ["--graphs", "sac", "--multiples", "1", "--seeds", "1", "2"], meanwhile=others)
     assert ran == [("sac", 20_000, 2)]
-    assert finals(tmp_path) == {("ppo", 500_000, 1): 500.0, ("sac", 20_000, 1): -120.0,
+    assert finals(tmp_path) == {("ppo", 500_000, 1): 491.0, ("sac", 20_000, 1): -120.0,
                                 ("sac", 20_000, 2): 1.0, ("td3", 20_000, 9): -130.0}
     assert "| sac | 20,000 (1x) | -120.0, 1.0 |" in (tmp_path / "b.md").read_text()
 

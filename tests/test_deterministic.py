@@ -20,6 +20,7 @@ import pytest
 from distributed import Client
 
 from daskrl.distributions import get_distribution
+from daskrl.runtime.checkpoint import list_checkpoints
 from daskrl.runtime.driver import RunSettings, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,24 +60,28 @@ def test_a_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     with full_log.open("w") as log:
         full = subprocess.Popen([*args, "--out", str(tmp_path / "full")], env=env,
                                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        killed = tmp_path / "killed"
+        proc = subprocess.Popen([*args, "--out", str(killed)], env=env, cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        # checkpoint 6 or later (3 are kept: checkpoint 6 is gone once 15 is written)
+        while not [c for c in list_checkpoints(killed / "checkpoints")
+                   if int(c.stem.split("-")[1]) >= 6]:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert not (killed / "summary.json").exists()
+        done_before = len(_rows(killed / "metrics.csv"))
 
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([*args, "--out", str(killed)], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not (killed / "checkpoints" / "ckpt-00000006.pt").exists():
-        assert proc.poll() is None, "the run ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert not (killed / "summary.json").exists()
-    done_before = len(_rows(killed / "metrics.csv"))
-
-    resumed = subprocess.run([*args, "--out", str(killed), "--resume"], env=env, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr
-    assert full.wait(timeout=240) == 0, full_log.read_text()
+        resumed = subprocess.run([*args, "--out", str(killed), "--resume"], env=env,
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert resumed.returncode == 0, resumed.stderr
+        assert full.wait(timeout=240) == 0, full_log.read_text()
+    finally:
+        full.kill()
     a = json.loads((tmp_path / "full" / "summary.json").read_text())
     b = json.loads((killed / "summary.json").read_text())
     assert a["weights_sha256"] == b["weights_sha256"]

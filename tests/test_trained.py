@@ -27,10 +27,22 @@ GRAPH = str(REPO / "graphs" / "ppo.py")
 pytestmark = pytest.mark.timeout(300)
 
 
-def daskrl_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def start_cli(args: list[str], cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "daskrl.cli", *args], cwd=cwd, env=env,
-                          text=True, capture_output=True, timeout=240)
+    return subprocess.Popen([sys.executable, "-m", "daskrl.cli", *args], cwd=cwd, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish_cli(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()  # no-op once it has exited
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def daskrl_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return finish_cli(start_cli(args, cwd))
 
 
 @pytest.fixture(scope="module")
@@ -149,17 +161,11 @@ def test_eval_refuses_what_it_cannot_do_in_one_line(trained, tmp_path):
         "a .pt2 file": ("export", str(trained), "--out", str(tmp_path / "p.pt")),
     }
     # all at once: each is a process that imports torch and refuses (the cores take turns)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    procs = {expected: subprocess.Popen([sys.executable, "-m", "daskrl.cli", *args],
-                                        cwd=tmp_path, env=env, text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for expected, args in cases.items()}
-    for expected, proc in procs.items():
-        _, stderr = proc.communicate(timeout=240)
-        result = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
-        args = cases[expected]
+    procs = {expected: start_cli(list(args), tmp_path) for expected, args in cases.items()}
+    results = {expected: finish_cli(proc) for expected, proc in procs.items()}
+    for expected, result in results.items():
         lines = [ln for ln in result.stderr.splitlines() if ln.startswith("daskrl: error:")]
-        assert result.returncode == 2 and len(lines) == 1, (args, result.stderr)
+        assert result.returncode == 2 and len(lines) == 1, (cases[expected], result.stderr)
         assert expected in lines[0] and "Traceback" not in result.stderr, lines[0]
 
 
