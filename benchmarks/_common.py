@@ -161,7 +161,10 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     '{\\n  "a": null,\\n  "b": "inf"\\n}\\n'
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
+    # a new file moved over the old: a call reading it meanwhile sees one or the other whole
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
 
 
 def fmt(value: Any, digits: int = 3) -> str:

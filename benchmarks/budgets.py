@@ -8,7 +8,7 @@ reported per (graph, budget): the final greedy evaluation of each seed (``summar
 ``eval_return_mean``), their median, and the training return over the last 10 % of the run.
 Runs live under ``--work`` as ``GRAPH/<budget>k-s<seed>``; a run already there is read, not
 run again, and a run already recorded in ``--json`` is kept (its folder may be gone: the
-table grows graph by graph over several sessions; ``--fresh`` runs the jobs asked again);
+table grows graph by graph over several sessions; ``--fresh`` forgets the jobs asked);
 ``--parallel`` runs go at once (returns do not depend on the load). The JSON is read again
 just before it is written, so two calls at once keep each other's runs.
 
@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--md", type=Path, default=HERE / "budgets.md")
     parser.add_argument("--section", default="budgets", help="section of --md to rewrite")
     parser.add_argument("--fresh", action="store_true",
-                        help="run the graphs, budgets and seeds asked again, forgetting what "
-                             "--json records of them (other runs it records are kept)")
+                        help="forget what --json records of the graphs, budgets and seeds "
+                             "asked: their jobs run again unless a folder in --work holds "
+                             "them; other runs it records are kept")
     args = parser.parse_args(argv)
     if args.quick:
         import tempfile

@@ -152,18 +152,19 @@ ROWS: dict[str, Row] = {r.name: r for r in (
     Row("ppo-halfcheetah", "PPO", "HalfCheetah-v5", 1_000_000, "graphs/ppo.py",
         ("--env", "HalfCheetah-v5", "--num-envs", "1", "--num-steps", "2048",
          "--minibatch-size", "64", "--update-epochs", "10", "--learning-rate", "3e-4",
-         "--gamma", "0.99", "--gae-lambda", "0.95", "--ent-coef", "0.0", "--vf-coef", "0.5",
-         "--max-grad-norm", "0.5", "--no-clip-vloss"),
+         "--gamma", "0.99", "--gae-lambda", "0.95", "--clip-coef", "0.2", "--ent-coef", "0.0",
+         "--vf-coef", "0.5", "--max-grad-norm", "0.5", "--hidden", "64", "--normalize", "on",
+         "--no-clip-vloss"),
         sb3={"algo": "PPO", "n_envs": 1, "anneal_lr": True, "normalize": True, "kwargs": {
             "n_steps": 2048, "batch_size": 64, "n_epochs": 10, "learning_rate": 3e-4,
             "gamma": 0.99, "gae_lambda": 0.95, "clip_range": 0.2, "ent_coef": 0.0,
             "vf_coef": PPO_VF_SB3, "max_grad_norm": 0.5,
             "policy_kwargs": {"net_arch": {"pi": [64, 64], "vf": [64, 64]},
                               "activation": "tanh"}}},
-        note="RL Zoo's and CleanRL's MuJoCo PPO settings in both (1 env, 2048-step "
-             "rollouts, 10 epochs of 64, the rate annealed); observations normalised and "
-             "rewards scaled by running statistics in both (daskrl's continuous-action "
-             "default, SB3's VecNormalize)"),
+        note="CleanRL's ppo_continuous_action settings (SB3's PPO defaults) in both: 1 env, "
+             "2048-step rollouts, 10 epochs of 64, the rate annealed, no value clipping; "
+             "observations normalised and rewards scaled by running statistics (SB3's "
+             "VecNormalize)"),
     Row("mappo-spread", "MAPPO", "simple_spread", 320_000, "graphs/mappo.py",
         ("--env", "simple_spread"), peer="IPPO (daskrl)",
         peer_flags=("--env", "simple_spread", "--critic", "local"),
