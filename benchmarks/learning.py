@@ -161,10 +161,10 @@ ROWS: dict[str, Row] = {r.name: r for r in (
             "vf_coef": PPO_VF_SB3, "max_grad_norm": 0.5,
             "policy_kwargs": {"net_arch": {"pi": [64, 64], "vf": [64, 64]},
                               "activation": "tanh"}}},
-        note="CleanRL's ppo_continuous_action settings (SB3's PPO defaults) in both: 1 env, "
-             "2048-step rollouts, 10 epochs of 64, the rate annealed, no value clipping; "
-             "observations normalised and rewards scaled by running statistics (SB3's "
-             "VecNormalize)"),
+        note="CleanRL's ppo_continuous_action settings in both (1 env, 2048-step rollouts, "
+             "10 epochs of 64, the rate annealed) except value clipping, off as in SB3's "
+             "default; observations normalised and rewards scaled by running statistics "
+             "(SB3's VecNormalize); SB3 given the annealed rate and a vf_coef of 0.25"),
     Row("mappo-spread", "MAPPO", "simple_spread", 320_000, "graphs/mappo.py",
         ("--env", "simple_spread"), peer="IPPO (daskrl)",
         peer_flags=("--env", "simple_spread", "--critic", "local"),

@@ -60,15 +60,19 @@ def test_a_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     with full_log.open("w") as log:
         full = subprocess.Popen([*args, "--out", str(tmp_path / "full")], env=env,
                                 cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
+    proc = None
     try:
         killed = tmp_path / "killed"
-        proc = subprocess.Popen([*args, "--out", str(killed)], env=env, cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        killed_log = tmp_path / "killed.stderr"
+        with killed_log.open("w") as log:
+            proc = subprocess.Popen([*args, "--out", str(killed)], env=env, cwd=tmp_path,
+                                    stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 120
         # checkpoint 6 or later (3 are kept: checkpoint 6 is gone once 15 is written)
         while not [c for c in list_checkpoints(killed / "checkpoints")
                    if int(c.stem.split("-")[1]) >= 6]:
-            assert proc.poll() is None, "the run ended before it could be killed"
+            assert proc.poll() is None, ("the run ended before it could be killed:\n"
+                                         + killed_log.read_text()[-2000:])
             assert time.monotonic() < deadline, "no checkpoint within 120 s"
             time.sleep(0.02)
         os.kill(proc.pid, signal.SIGKILL)
@@ -81,7 +85,9 @@ def test_a_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
         assert resumed.returncode == 0, resumed.stderr
         assert full.wait(timeout=240) == 0, full_log.read_text()
     finally:
-        full.kill()
+        for running in (full, proc):
+            if running is not None:
+                running.kill()  # nothing once it has exited
     a = json.loads((tmp_path / "full" / "summary.json").read_text())
     b = json.loads((killed / "summary.json").read_text())
     assert a["weights_sha256"] == b["weights_sha256"]

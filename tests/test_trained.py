@@ -162,7 +162,11 @@ def test_eval_refuses_what_it_cannot_do_in_one_line(trained, tmp_path):
     }
     # all at once: each is a process that imports torch and refuses (the cores take turns)
     procs = {expected: start_cli(list(args), tmp_path) for expected, args in cases.items()}
-    results = {expected: finish_cli(proc) for expected, proc in procs.items()}
+    try:
+        results = {expected: finish_cli(proc) for expected, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            proc.kill()  # nothing once it has exited
     for expected, result in results.items():
         lines = [ln for ln in result.stderr.splitlines() if ln.startswith("daskrl: error:")]
         assert result.returncode == 2 and len(lines) == 1, (cases[expected], result.stderr)

@@ -136,8 +136,8 @@ class ThreadChoice:
 
     def record(self, threads: int, seconds: float) -> None:
         """One update's wall ``seconds`` at ``threads``; chooses once each count has
-        ``trials`` of them, and measures again after :attr:`revisit` times as long at the
-        kept count."""
+        ``trials`` of them, and measures again when the kept count's updates shift
+        (:data:`SHIFT`, after :data:`SETTLE`) or after :attr:`revisit` times as long."""
         if self.chosen is not None:
             self._kept_s += seconds
             if len(self._first) < self._want:
