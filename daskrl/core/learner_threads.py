@@ -86,9 +86,6 @@ class ThreadChoice:
         CPUs this process may run on.
     trials : int
         Timed updates of each count before choosing.
-    revisit : float
-        Measure again once the kept count has run this many times as long as the
-        measurement that kept it (:data:`REVISIT`).
 
     Examples
     --------
@@ -106,12 +103,10 @@ class ThreadChoice:
     (None, 1, 2)
     """
 
-    def __init__(self, grant: int, cores: int, trials: int = 3,
-                 revisit: float = REVISIT) -> None:
+    def __init__(self, grant: int, cores: int, trials: int = 3) -> None:
         self.grant = max(1, grant)
         self.candidates = (self.grant,) if cores <= self.grant else (self.grant, cores)
         self.trials = trials
-        self.revisit = revisit
         self.seconds: dict[int, list[float]] = {c: [] for c in self.candidates}
         self.warm = False
         self.chosen: int | None = self.grant if len(self.candidates) == 1 else None
@@ -122,7 +117,6 @@ class ThreadChoice:
         self._measured_s = 0.0  # this round's timed updates
         self._kept_s = 0.0  # the kept count's updates since it was kept
         self._first: list[float] = []  # its updates in the measurement and WINDOW after
-        self._want = 0  # how many _first holds when complete
         self._recent: deque[float] = deque(maxlen=WINDOW)  # its latest updates
 
     def next(self) -> int:
@@ -137,13 +131,13 @@ class ThreadChoice:
     def record(self, threads: int, seconds: float) -> None:
         """One update's wall ``seconds`` at ``threads``; chooses once each count has
         ``trials`` of them, and measures again when the kept count's updates shift
-        (:data:`SHIFT`, after :data:`SETTLE`) or after :attr:`revisit` times as long."""
+        (:data:`SHIFT`, after :data:`SETTLE`) or after :data:`REVISIT` times as long."""
         if self.chosen is not None:
             self._kept_s += seconds
-            if len(self._first) < self._want:
+            if len(self._first) < self._reference_size():
                 self._first.append(seconds)
             self._recent.append(seconds)
-            if len(self.candidates) > 1 and (self._kept_s >= self.revisit * self._measured_s
+            if len(self.candidates) > 1 and (self._kept_s >= REVISIT * self._measured_s
                                              or self._shifted()):
                 self.seconds = {c: [] for c in self.candidates}
                 self.chosen, self._measured_s, self._kept_s = None, 0.0, 0.0
@@ -164,13 +158,18 @@ class ThreadChoice:
         elif all(len(v) >= self.trials for v in self.seconds.values()):
             self.chosen = best if med[best] <= MARGIN * med[self.grant] else self.grant
         if self.chosen is not None:
-            self._first = list(self.seconds[self.chosen])
-            self._want, self._recent = len(self._first) + WINDOW, deque(maxlen=WINDOW)
+            self._first, self._recent = list(self.seconds[self.chosen]), deque(maxlen=WINDOW)
+
+    def _reference_size(self) -> int:
+        """Updates of the kept count the shift is judged against: its measurement's and
+        :data:`WINDOW` after."""
+        return len(self.seconds[self.chosen]) + WINDOW if self.chosen is not None else 0
 
     def _shifted(self) -> bool:
         """Whether the kept count's latest updates moved :data:`SHIFT` from its first ones,
         once it has run :data:`SETTLE` times as long as its measurement."""
-        if self._kept_s < SETTLE * self._measured_s or len(self._first) < self._want:
+        if (self._kept_s < SETTLE * self._measured_s
+                or len(self._first) < self._reference_size()):
             return False
         first = statistics.median(self._first)
         return first > 0 and abs(statistics.median(self._recent) / first - 1) > SHIFT
