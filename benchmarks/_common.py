@@ -211,6 +211,19 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
     return "\n".join(lines)
 
 
+def finished_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs with a final evaluation that an earlier call recorded under ``"runs"`` in the
+    JSON at ``path`` (none when there is no file), for a benchmark that keeps its runs.
+
+    >>> finished_runs(Path("no-such.json"))
+    []
+    """
+    if not path.exists():
+        return []
+    return [r for r in json.loads(path.read_text()).get("runs", [])
+            if r.get("final_eval") is not None]
+
+
 def update_section(path: Path, name: str, body: str) -> None:
     """Replace the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` in ``path``.
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from _common import (
     ROOT,
+    finished_runs,
     late_return,
     load_average,
     machine_info,
@@ -104,11 +105,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def recorded(path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The finished runs an earlier call recorded in ``path`` (none if it is not there), by
     (graph, budget, seed)."""
-    if not path.exists():
-        return {}
-    return {(r["graph"], r["budget"], r["seed"]): r
-            for r in json.loads(path.read_text()).get("runs", [])
-            if r.get("final_eval") is not None}
+    return {(r["graph"], r["budget"], r["seed"]): r for r in finished_runs(path)}
 
 
 def main(argv: list[str] | None = None) -> None:

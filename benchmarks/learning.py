@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from _common import (
     ROOT,
+    finished_runs,
     load_average,
     machine_info,
     markdown_table,
@@ -246,14 +247,11 @@ def recorded(path: Path) -> dict[tuple[str, str, int, int | None], dict[str, Any
     >>> recorded(Path("no-such.json"))
     {}
     """
-    if not path.exists():
-        return {}
     kept = {}
-    for r in json.loads(path.read_text()).get("runs", []):
-        if r.get("final_eval") is not None:
-            if r.get("row") in ROWS:
-                r.setdefault("steps", ROWS[r["row"]].steps)
-            kept[(r["row"], r["system"], r["seed"], r.get("steps"))] = r
+    for r in finished_runs(path):
+        if r.get("row") in ROWS:
+            r.setdefault("steps", ROWS[r["row"]].steps)
+        kept[(r["row"], r["system"], r["seed"], r.get("steps"))] = r
     return kept
 
 
