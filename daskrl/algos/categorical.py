@@ -8,17 +8,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from daskrl.algos.layers import layer, mlp, nature_cnn, run_mlp
+from daskrl.algos.layers import layer, mlp, nature_cnn
 from daskrl.algos.normalize import RunningMeanStd
+from daskrl.algos.twin_mlp import TwinMLP
 
 
 def sample(logits: Tensor, generator: torch.Generator | None, deterministic: bool = False
            ) -> tuple[Tensor, Tensor]:
     """Categorical sample (or argmax) of each row of ``logits``, and its log-probability.
 
-    The sample is Gumbel-max (``argmax(log p - log(-log u))``, an exact draw from the
-    categorical distribution) with uniform noise ``u`` from ``generator``, so a seeded
-    generator makes a rollout reproducible on any device.
+    The sample is Gumbel-max (``argmax(log p - log e)`` with ``e`` standard exponential,
+    i.e. ``-log u`` for uniform ``u``: an exact draw from the categorical distribution), the
+    noise from ``generator``, so a seeded generator makes a rollout reproducible on any device.
 
     Examples
     --------
@@ -33,8 +34,11 @@ def sample(logits: Tensor, generator: torch.Generator | None, deterministic: boo
     if deterministic:
         actions = logp_all.argmax(-1)
     else:
-        u = torch.rand(logp_all.shape, generator=generator, device=logits.device)
-        actions = (logp_all - (-u.clamp_min(1e-12).log()).log()).argmax(-1)
+        # one exponential draw instead of a uniform, a clamp and two logs: on a few envs every
+        # op is dispatch overhead. A draw of exactly 0 (chance 2**-53 on the CPU) picks its
+        # action, an event of that probability, not a NaN.
+        noise = torch.empty_like(logp_all).exponential_(generator=generator)
+        actions = (logp_all - noise.log_()).argmax(-1)
     return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
 
 
@@ -89,6 +93,8 @@ class DiscreteActorCritic(nn.Module):
         super().__init__()
         self.actor = mlp(obs_dim, num_actions, hidden, out_std=0.01)
         self.critic = mlp(obs_dim, 1, hidden, out_std=1.0)
+        self.towers = TwinMLP(self.actor, self.critic)
+        """Actor and critic run as one for acting (:class:`~daskrl.algos.twin_mlp.TwinMLP`)."""
 
     def policy(self, deterministic: bool = True) -> CategoricalPolicy:
         """The policy alone (shares this network's actor), for eval and export."""
@@ -115,8 +121,9 @@ class DiscreteActorCritic(nn.Module):
         """
         x = torch.as_tensor(obs, dtype=torch.float32)
         x = x.reshape(len(x), -1).to(self.critic[0].weight.device)
-        actions, logp = sample(run_mlp(self.actor, x), generator, deterministic)
-        return actions, logp, run_mlp(self.critic, x).squeeze(-1)
+        logits, value = self.towers(x)
+        actions, logp = sample(logits, generator, deterministic)
+        return actions, logp, value.squeeze(-1)
 
 
 class CNNActorCritic(nn.Module):

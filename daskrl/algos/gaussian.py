@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from daskrl.algos.layers import mlp, run_mlp
 from daskrl.algos.normalize import Normalization, RunningMeanStd
+from daskrl.algos.twin_mlp import TwinMLP
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -96,6 +97,9 @@ class GaussianActorCritic(nn.Module):
         self.critic = mlp(obs_dim, 1, hidden, out_std=1.0)
         self.actor_mean = mlp(obs_dim, act_dim, hidden, out_std=0.01)
         self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+        self.towers = TwinMLP(self.actor_mean, self.critic)
+        """Mean and value networks run as one for acting
+        (:class:`~daskrl.algos.twin_mlp.TwinMLP`)."""
         self.obs_rms: RunningMeanStd | None = (
             RunningMeanStd((obs_dim,), norm.clip) if norm.obs else None)
         self.ret_rms: RunningMeanStd | None = RunningMeanStd((), norm.clip) if norm.reward else None
@@ -137,7 +141,7 @@ class GaussianActorCritic(nn.Module):
         CleanRL).
         """
         x = self.features(torch.as_tensor(obs).to(self.low.device))
-        mean = run_mlp(self.actor_mean, x)
+        mean, value = self.towers(x)
         logstd = self.actor_logstd
         # the log-density from the standard-normal draw itself: (actions - mean) / std is the
         # draw (up to rounding), so half the ops of gaussian_logp on a one-env step
@@ -148,4 +152,4 @@ class GaussianActorCritic(nn.Module):
             noise = torch.randn(mean.shape, generator=generator, device=mean.device)
             actions = mean + torch.exp(logstd) * noise
             logp = noise.square().sum(-1).mul_(-0.5).sub_(const)
-        return actions, logp, run_mlp(self.critic, x).squeeze(-1)
+        return actions, logp, value.squeeze(-1)

@@ -1,0 +1,122 @@
+"""TwinMLP (actor and critic stepped as one) gives each tower's own output, follows their
+weights as they are trained or loaded, and the actor-critics act with it; the categorical
+sampler draws from the policy's distribution."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from daskrl.algos.categorical import DiscreteActorCritic, sample
+from daskrl.algos.gaussian import GaussianActorCritic
+from daskrl.algos.layers import mlp
+from daskrl.algos.normalize import Normalization
+from daskrl.algos.twin_mlp import TwinMLP
+
+
+@pytest.mark.parametrize("hidden", [(), (16,), (32, 32), (8, 8, 8)])
+@pytest.mark.parametrize("act", [nn.Tanh, nn.ReLU])
+def test_matches_each_tower(hidden: tuple[int, ...], act: type[nn.Module]) -> None:
+    torch.manual_seed(0)
+    a, b = mlp(5, 3, hidden, out_std=1.0), mlp(5, 1, hidden, out_std=1.0)
+    for net in (a, b):  # swap the activations in
+        for i, m in enumerate(net):
+            if isinstance(m, nn.Tanh):
+                net[i] = act()
+    twin = TwinMLP(a, b)
+    x = torch.randn(7, 5)
+    with torch.no_grad():
+        out_a, out_b = twin(x)
+        torch.testing.assert_close(out_a, a(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out_b, b(x), rtol=1e-5, atol=1e-6)
+    assert out_a.shape == (7, 3) and out_b.shape == (7, 1)
+
+
+def test_follows_training_and_loading() -> None:
+    torch.manual_seed(0)
+    a, b = mlp(4, 2, (16, 16), out_std=1.0), mlp(4, 1, (16, 16), out_std=1.0)
+    twin = TwinMLP(a, b)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        twin(x)  # stacked copy built
+    opt = torch.optim.Adam([*a.parameters(), *b.parameters()], lr=0.1)
+    (a(x).sum() + b(x).sum()).backward()
+    opt.step()
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(twin(x)[1], b(x), rtol=1e-5, atol=1e-6)
+    other = mlp(4, 2, (16, 16), out_std=1.0)
+    a.load_state_dict(other.state_dict())  # copied in place
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x)[0], other(x), rtol=1e-5, atol=1e-6)
+    fresh = mlp(4, 1, (16, 16), out_std=1.0)
+    state = {k: v.detach().clone() for k, v in fresh.state_dict().items()}
+    for key, tensor in state.items():  # the same version counters as those they replace
+        for _ in range(b.state_dict()[key]._version):
+            tensor.add_(0)
+    b.load_state_dict(state, assign=True)  # parameters replaced
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x)[1], fresh(x), rtol=1e-5, atol=1e-6)
+
+
+def test_fits_only_same_shaped_mlps() -> None:
+    assert TwinMLP.fits(mlp(4, 2, (8, 8), 1.0), mlp(4, 1, (8, 8), 1.0))
+    assert not TwinMLP.fits(mlp(4, 2, (8, 8), 1.0), mlp(4, 1, (8,), 1.0))
+    assert not TwinMLP.fits(mlp(4, 2, (8,), 1.0), mlp(3, 1, (8,), 1.0))
+    assert not TwinMLP.fits(mlp(4, 2, (8,), 1.0), nn.Sequential(nn.Linear(4, 8), nn.ELU(),
+                                                                 nn.Linear(8, 1)))
+    with pytest.raises(ValueError, match="same layers"):
+        TwinMLP(mlp(4, 2, (8,), 1.0), mlp(4, 1, (16,), 1.0))
+
+
+def test_pickles_without_the_stacked_copy() -> None:
+    net = DiscreteActorCritic(4, 2, (8, 8))
+    x = np.zeros((3, 4), np.float32)
+    net.act(x)
+    assert net.towers._stacked  # built
+    copy = pickle.loads(pickle.dumps(net))
+    assert not copy.towers._stacked and copy.towers.a is copy.actor
+    a1, lp1, v1 = net.act(x, deterministic=True)
+    a2, lp2, v2 = copy.act(x, deterministic=True)
+    assert torch.equal(a1, a2) and torch.equal(lp1, lp2) and torch.equal(v1, v2)
+
+
+def test_discrete_act_agrees_with_evaluate() -> None:
+    torch.manual_seed(1)
+    net = DiscreteActorCritic(4, 3)
+    obs = torch.randn(64, 4)
+    actions, logp, value = net.act(obs.numpy(), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logp_eval, _, value_eval = net.evaluate(obs, actions)
+    torch.testing.assert_close(logp, logp_eval, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(value, value_eval, rtol=1e-5, atol=1e-5)
+
+
+def test_gaussian_act_agrees_with_evaluate() -> None:
+    torch.manual_seed(1)
+    net = GaussianActorCritic(5, 2, normalization=Normalization(obs=True))
+    with torch.no_grad():
+        net.actor_logstd.fill_(-0.5)
+    obs = torch.randn(64, 5)
+    actions, logp, value = net.act(obs.numpy(), torch.Generator().manual_seed(0))
+    mean, _ = net.act(obs.numpy(), deterministic=True)[:2]
+    with torch.no_grad():
+        logp_eval, _, value_eval = net.evaluate(obs, actions)
+        expected_mean = net.actor_mean(net.features(obs))
+    torch.testing.assert_close(mean, expected_mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logp, logp_eval, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(value, value_eval, rtol=1e-5, atol=1e-5)
+
+
+def test_sample_follows_the_softmax() -> None:
+    probs = torch.tensor([0.1, 0.2, 0.7])
+    n = 60_000
+    actions, logp = sample(probs.log().expand(n, 3), torch.Generator().manual_seed(0))
+    freq = torch.bincount(actions, minlength=3).double() / n
+    # three standard errors of a binomial share at n = 60k: below 0.006
+    assert torch.allclose(freq, probs.double(), atol=0.006), freq
+    torch.testing.assert_close(logp, probs.log()[actions])
