@@ -69,8 +69,9 @@ class HandNet(DiscreteActorCritic):
         if deterministic:
             actions = logp_all.argmax(-1)
         else:
-            u = torch.rand(logp_all.shape, generator=generator).numpy()
-            actions = (logp_all - np.log(-np.log(np.maximum(u, 1e-12)))).argmax(-1)
+            # the same Gumbel-max draw as daskrl's sample(): one exponential per logit
+            noise = torch.empty(logp_all.shape).exponential_(generator=generator).numpy()
+            actions = (logp_all - np.log(noise)).argmax(-1)
         return (torch.from_numpy(actions), torch.from_numpy(logp_all[np.arange(len(actions)),
                                                                       actions]),
                 torch.from_numpy(values.copy()))

@@ -72,11 +72,12 @@ def observations(n: int = 1000) -> np.ndarray:
 
 
 def training_actions(run_dir: Path, obs: np.ndarray) -> np.ndarray:
-    """Greedy actions as the rollouts' network picks them (``DiscreteActorCritic.act``)."""
+    """Greedy actions of the trained actor network (the argmax of its logits)."""
     ckpt = torch.load(load_run(run_dir).checkpoint, weights_only=True)
     net = DiscreteActorCritic(4, 2, (64, 64))
     net.load_state_dict(ckpt["learner"]["model"])
-    return net.act(obs, deterministic=True)[0].numpy()
+    with torch.no_grad():  # the tower itself: acting's stacked copy may round another way
+        return net.actor(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
 
 
 def test_eval_prints_mean_and_std_of_return_and_length(trained):

@@ -63,6 +63,36 @@ def test_follows_training_and_loading() -> None:
         torch.testing.assert_close(twin(x)[1], fresh(x), rtol=1e-5, atol=1e-6)
 
 
+def test_follows_fused_optimiser_steps_and_says_how_to_follow_raw_writes() -> None:
+    torch.manual_seed(0)
+    a, b = mlp(4, 2, (16, 16), out_std=1.0), mlp(4, 1, (16, 16), out_std=1.0)
+    twin = TwinMLP(a, b)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        twin(x)
+    # a fused Adam step (the learners' optimiser) leaves the parameters' version counters
+    opt = torch.optim.Adam([*a.parameters(), *b.parameters()], lr=0.1, fused=True)
+    (a(x).sum() + b(x).sum()).backward()
+    opt.step()
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
+        a[0].weight.data.mul_(2.0)  # torch does not count writes through .data
+        twin.invalidate()
+        torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
+        a.double()  # another dtype: the copy follows (the input too)
+        torch.testing.assert_close(twin(x.double())[0], a(x.double()), rtol=1e-9, atol=1e-12)
+
+
+def test_empty_batches_and_replaced_towers() -> None:
+    net = DiscreteActorCritic(4, 2, (8, 8))
+    logits, value = net.towers(torch.zeros(0, 4))
+    assert logits.shape == (0, 2) and value.shape == (0, 1)
+    net.critic = mlp(4, 1, (32,), out_std=1.0)  # a subclass's own critic, another shape
+    obs = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(net.act(obs.numpy())[2], net.critic(obs).squeeze(-1))
+
+
 def test_fits_only_same_shaped_mlps() -> None:
     assert TwinMLP.fits(mlp(4, 2, (8, 8), 1.0), mlp(4, 1, (8, 8), 1.0))
     assert not TwinMLP.fits(mlp(4, 2, (8, 8), 1.0), mlp(4, 1, (8,), 1.0))
@@ -77,9 +107,9 @@ def test_pickles_without_the_stacked_copy() -> None:
     net = DiscreteActorCritic(4, 2, (8, 8))
     x = np.zeros((3, 4), np.float32)
     net.act(x)
-    assert net.towers._stacked  # built
+    assert net.towers._cache is not None  # built
     copy = pickle.loads(pickle.dumps(net))
-    assert not copy.towers._stacked and copy.towers.a is copy.actor
+    assert copy.towers._cache is None and copy.towers.a is copy.actor
     a1, lp1, v1 = net.act(x, deterministic=True)
     a2, lp2, v2 = copy.act(x, deterministic=True)
     assert torch.equal(a1, a2) and torch.equal(lp1, lp2) and torch.equal(v1, v2)

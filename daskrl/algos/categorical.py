@@ -35,8 +35,9 @@ def sample(logits: Tensor, generator: torch.Generator | None, deterministic: boo
         actions = logp_all.argmax(-1)
     else:
         # one exponential draw instead of a uniform, a clamp and two logs: on a few envs every
-        # op is dispatch overhead. A draw of exactly 0 (chance 2**-53 on the CPU) picks its
-        # action, an event of that probability, not a NaN.
+        # op is dispatch overhead. With finite logits a draw of exactly 0 (chance 2**-53 on
+        # the CPU) picks its action, an event of that probability; a -inf logit (a masked
+        # action) would meet it as NaN, so masks must stay finite here.
         noise = torch.empty_like(logp_all).exponential_(generator=generator)
         actions = (logp_all - noise.log_()).argmax(-1)
     return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
@@ -121,7 +122,7 @@ class DiscreteActorCritic(nn.Module):
         """
         x = torch.as_tensor(obs, dtype=torch.float32)
         x = x.reshape(len(x), -1).to(self.critic[0].weight.device)
-        logits, value = self.towers(x)
+        logits, value = self.towers.run(self.actor, self.critic, x)
         actions, logp = sample(logits, generator, deterministic)
         return actions, logp, value.squeeze(-1)
 

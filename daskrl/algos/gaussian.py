@@ -141,7 +141,7 @@ class GaussianActorCritic(nn.Module):
         CleanRL).
         """
         x = self.features(torch.as_tensor(obs).to(self.low.device))
-        mean, value = self.towers(x)
+        mean, value = self.towers.run(self.actor_mean, self.critic, x)
         logstd = self.actor_logstd
         # the log-density from the standard-normal draw itself: (actions - mean) / std is the
         # draw (up to rounding), so half the ops of gaussian_logp on a one-env step

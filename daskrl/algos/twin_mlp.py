@@ -13,13 +13,29 @@ than ``F.linear``'s (float32 rounding, about 1e-7 relative).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from daskrl.algos.layers import run_mlp
 
 _ACTIVATIONS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
+
+_STEPS = itertools.count()
+_optimiser_steps = 0
+"""torch.optim steps taken in this process: fused steps leave the version counters alone."""
+
+
+def _count_step(*_: Any) -> None:
+    global _optimiser_steps
+    _optimiser_steps = next(_STEPS)
+
+
+register_optimizer_step_post_hook(_count_step)
 
 
 def _plan(net: nn.Sequential) -> list[type] | None:
@@ -38,11 +54,15 @@ class TwinMLP:
 
     The towers must have the same layers (linear, then tanh or ReLU, ..., a final linear)
     and the same hidden widths; their inputs are the same and their outputs may differ in
-    width. :meth:`fits` says whether two towers qualify. The stacked weights are rebuilt
-    whenever a parameter of either tower changed: replaced, updated in place (its version
-    counter advances: ``load_state_dict`` and optimiser steps included) or moved to the
-    input's device, so a tower being trained is always read as it is now. For inference: no
-    gradients flow through the stacked copy.
+    width. :meth:`fits` says whether two towers qualify. For inference: no gradients flow
+    through the stacked copy.
+
+    The stacked copy is rebuilt when the towers' weights may have changed: a parameter
+    replaced (``load_state_dict(assign=True)``), updated in place through torch (its version
+    counter advances: ``load_state_dict``, ``copy_``), moved to another device or dtype, or
+    any ``torch.optim`` step taken in this process (fused steps do not advance the
+    counters). Writes that bypass torch's version counters (through ``.data``, or a numpy
+    view of a parameter) must call :meth:`invalidate`.
 
     Examples
     --------
@@ -60,16 +80,11 @@ class TwinMLP:
         if not self.fits(a, b):
             raise ValueError("TwinMLP takes two MLPs with the same layers and hidden widths")
         self.a, self.b = a, b
-        self._reset()
-
-    def _reset(self) -> None:
-        self._linears = [m for net in (self.a, self.b) for m in net if isinstance(m, nn.Linear)]
+        self._linears = [m for net in (a, b) for m in net if isinstance(m, nn.Linear)]
         self._params = [m._parameters for m in self._linears]  # live dicts: replacements show
-        self._acts = [_ACTIVATIONS[type(m)] for m in self.a if type(m) in _ACTIVATIONS]
-        self._key: tuple[int, ...] | None = None
-        self._first: tuple[Tensor, Tensor] = (torch.empty(0), torch.empty(0))
-        self._stacked: list[tuple[Tensor, Tensor]] = []
-        self._out = (0, 0)
+        self._acts = [_ACTIVATIONS[type(m)] for m in a if type(m) in _ACTIVATIONS]
+        self._cache: tuple[Any, ...] | None = None
+        """(key, first layer, stacked later layers, output widths), replaced as one."""
 
     @staticmethod
     def fits(a: nn.Module, b: nn.Module) -> bool:
@@ -95,20 +110,25 @@ class TwinMLP:
                 and all(x.out_features == y.out_features
                         for x, y in zip(lin_a[:-1], lin_b[:-1], strict=True)))
 
-    def _version(self) -> tuple[int, ...]:
-        # identity and version counter of every parameter: in-place updates advance the
-        # counter, load_state_dict(assign=True) replaces the parameter (a few microseconds;
-        # a module's attribute lookups would cost more than the forward pass saves)
-        return tuple(v for params in self._params for p in params.values()
-                     for v in (id(p), p._version))
+    def invalidate(self) -> None:
+        """Rebuild the stacked copy on the next call (after writes torch does not count)."""
+        self._cache = None
+
+    def _key(self, x: Tensor) -> tuple[Any, ...]:
+        # identity and version counter of every parameter (a few microseconds; a module's
+        # attribute lookups would cost more than the forward pass saves)
+        versions = tuple(v for params in self._params for p in params.values()
+                         for v in (id(p), p._version))
+        first = self._linears[0].weight
+        return (_optimiser_steps, first.device, first.dtype, x.device, versions)
 
     @torch.no_grad()
-    def _build(self) -> None:
+    def _build(self, key: tuple[Any, ...]) -> None:
         half = len(self._linears) // 2
         lin_a, lin_b = self._linears[:half], self._linears[half:]
-        self._first = (torch.cat([lin_a[0].weight, lin_b[0].weight]),
-                       torch.cat([lin_a[0].bias, lin_b[0].bias]))
-        self._stacked = []
+        first = (torch.cat([lin_a[0].weight, lin_b[0].weight]),
+                 torch.cat([lin_a[0].bias, lin_b[0].bias]))
+        stacked = []
         for la, lb in zip(lin_a[1:], lin_b[1:], strict=True):
             width = max(la.out_features, lb.out_features)  # the last layers may differ: pad
             w = la.weight.new_zeros(2, la.in_features, width)
@@ -117,31 +137,37 @@ class TwinMLP:
             w[1, :, : lb.out_features] = lb.weight.t()
             bias[0, 0, : la.out_features] = la.bias
             bias[1, 0, : lb.out_features] = lb.bias
-            self._stacked.append((w, bias))
-        self._out = (lin_a[-1].out_features, lin_b[-1].out_features)
+            stacked.append((w, bias))
+        # one assignment: a thread calling meanwhile sees the old copy or the new, not half
+        self._cache = (key, first, stacked, (lin_a[-1].out_features, lin_b[-1].out_features))
 
     def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(a(x), b(x))`` for a batch ``x`` of shape ``(B, in_features)``."""
-        key = self._version()
-        # moving a module to another device assigns .data, which leaves the counters as they were
-        if key != self._key or self._first[0].device != x.device:
-            self._build()
-            self._key = key
-        h = F.linear(x, *self._first)
-        na, nb = self._out
-        if not self._stacked:  # one layer: the wide linear is the output
+        key = self._key(x)
+        if self._cache is None or self._cache[0] != key:
+            self._build(key)
+        assert self._cache is not None
+        _, first, stacked, (na, nb) = self._cache
+        h = F.linear(x, *first)
+        if not stacked:  # one layer: the wide linear is the output
             return h[:, :na], h[:, na:]
-        h = self._acts[0](h).view(len(x), 2, -1).transpose(0, 1)
-        for i, (w, bias) in enumerate(self._stacked, start=1):
+        h = self._acts[0](h).view(len(x), 2, len(first[1]) // 2).transpose(0, 1)
+        for i, (w, bias) in enumerate(stacked, start=1):
             h = torch.baddbmm(bias, h, w)
             if i < len(self._acts):
                 h = self._acts[i](h)
         return h[0, :, :na], h[1, :, :nb]
+
+    def run(self, a: nn.Sequential, b: nn.Sequential, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(a(x), b(x))`` for an owner whose towers may have been replaced since: as one
+        when ``a`` and ``b`` are still this twin's towers, else each on its own."""
+        if a is self.a and b is self.b:
+            return self(x)
+        return run_mlp(a, x), run_mlp(b, x)
 
     def __getstate__(self) -> dict[str, Any]:
         # the towers only: the stacked copy is rebuilt on first use after unpickling
         return {"a": self.a, "b": self.b}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.a, self.b = state["a"], state["b"]
-        self._reset()
+        self.__init__(state["a"], state["b"])  # type: ignore[misc]
