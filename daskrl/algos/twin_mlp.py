@@ -117,8 +117,7 @@ class TwinMLP:
     def _key(self, x: Tensor) -> tuple[Any, ...]:
         # identity and version counter of every parameter (a few microseconds; a module's
         # attribute lookups would cost more than the forward pass saves)
-        versions = tuple(v for params in self._params for p in params.values()
-                         for v in (id(p), p._version))
+        versions = [(id(p), p._version) for params in self._params for p in params.values()]
         first = self._linears[0].weight
         return (_optimiser_steps, first.device, first.dtype, x.device, versions)
 
