@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from daskrl.algos.layers import layer, mlp, nature_cnn
+from daskrl.algos.layers import layer, mlp, nature_cnn, run_mlp
 from daskrl.algos.normalize import RunningMeanStd
 from daskrl.algos.twin_mlp import TwinMLP
 
@@ -103,11 +103,11 @@ class DiscreteActorCritic(nn.Module):
 
     def value(self, obs: Tensor) -> Tensor:
         """State values, shape ``(B,)``."""
-        return self.critic(obs).squeeze(-1)
+        return run_mlp(self.critic, obs).squeeze(-1)
 
     def evaluate(self, obs: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probabilities of ``actions``, policy entropies and values, each ``(B,)``."""
-        logp_all = torch.log_softmax(self.actor(obs), dim=-1)
+        logp_all = torch.log_softmax(run_mlp(self.actor, obs), dim=-1)
         logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy, self.value(obs)
