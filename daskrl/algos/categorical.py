@@ -121,7 +121,7 @@ class DiscreteActorCritic(nn.Module):
         ``float32``). Sampling is :func:`sample` with ``generator``'s noise.
         """
         x = torch.as_tensor(obs, dtype=torch.float32)
-        x = x.reshape(len(x), -1).to(self.critic[0].weight.device)
+        x = x.reshape(x.shape[0], -1).to(self.towers.device)  # shape[0]: len() is Python
         logits, value = self.towers.run(self.actor, self.critic, x)
         actions, logp = sample(logits, generator, deterministic)
         return actions, logp, value.squeeze(-1)

@@ -110,7 +110,7 @@ class GaussianActorCritic(nn.Module):
 
     def features(self, obs: Tensor) -> Tensor:
         """Flat float32 observations, normalised when :attr:`obs_rms` is kept."""
-        x = obs.to(torch.float32).reshape(len(obs), -1)
+        x = obs.to(torch.float32).reshape(obs.shape[0], -1)
         return self.obs_rms(x) if self.obs_rms is not None else x
 
     def policy(self, deterministic: bool = True) -> GaussianPolicy:

@@ -110,6 +110,11 @@ class TwinMLP:
                 and all(x.out_features == y.out_features
                         for x, y in zip(lin_a[:-1], lin_b[:-1], strict=True)))
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the towers' weights (their first layer's)."""
+        return self._linears[0].weight.device
+
     def invalidate(self) -> None:
         """Rebuild the stacked copy on the next call (after writes torch does not count)."""
         self._cache = None
@@ -149,13 +154,20 @@ class TwinMLP:
         _, first, stacked, (na, nb) = self._cache
         h = F.linear(x, *first)
         if not stacked:  # one layer: the wide linear is the output
-            return h[:, :na], h[:, na:]
-        h = self._acts[0](h).view(len(x), 2, len(first[1]) // 2).transpose(0, 1)
+            out_a, out_b = h.split((na, nb), dim=1)
+            return out_a, out_b
+        # shape[0], not len(): Tensor.__len__ is a Python function
+        h = self._acts[0](h).view(x.shape[0], 2, first[1].shape[0] // 2).transpose(0, 1)
         for i, (w, bias) in enumerate(stacked, start=1):
             h = torch.baddbmm(bias, h, w)
             if i < len(self._acts):
                 h = self._acts[i](h)
-        return h[0, :, :na], h[1, :, :nb]
+        # unbind and narrow, not h[0, :, :na]: indexing with a tuple of slices costs more
+        # than the matmul on a few rows
+        out_a, out_b = h.unbind(0)
+        width = out_a.shape[1]
+        return (out_a if na == width else out_a.narrow(1, 0, na),
+                out_b if nb == width else out_b.narrow(1, 0, nb))
 
     def run(self, a: nn.Sequential, b: nn.Sequential, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(a(x), b(x))`` for an owner whose towers may have been replaced since: as one
