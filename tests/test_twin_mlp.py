@@ -36,13 +36,19 @@ def test_matches_each_tower(hidden: tuple[int, ...], act: type[nn.Module]) -> No
     assert out_a.shape == (7, 3) and out_b.shape == (7, 1)
 
 
-def test_follows_training_and_loading() -> None:
+def built_twin() -> tuple[nn.Sequential, nn.Sequential, TwinMLP, torch.Tensor]:
+    """Two 16x16 towers, their twin with its stacked copy built, and an input batch."""
     torch.manual_seed(0)
     a, b = mlp(4, 2, (16, 16), out_std=1.0), mlp(4, 1, (16, 16), out_std=1.0)
     twin = TwinMLP(a, b)
     x = torch.randn(6, 4)
     with torch.no_grad():
-        twin(x)  # stacked copy built
+        twin(x)
+    return a, b, twin, x
+
+
+def test_follows_training_and_loading() -> None:
+    a, b, twin, x = built_twin()
     opt = torch.optim.Adam([*a.parameters(), *b.parameters()], lr=0.1)
     (a(x).sum() + b(x).sum()).backward()
     opt.step()
@@ -64,12 +70,7 @@ def test_follows_training_and_loading() -> None:
 
 
 def test_follows_fused_optimiser_steps_and_says_how_to_follow_raw_writes() -> None:
-    torch.manual_seed(0)
-    a, b = mlp(4, 2, (16, 16), out_std=1.0), mlp(4, 1, (16, 16), out_std=1.0)
-    twin = TwinMLP(a, b)
-    x = torch.randn(6, 4)
-    with torch.no_grad():
-        twin(x)
+    a, b, twin, x = built_twin()
     # a fused Adam step (the learners' optimiser) leaves the parameters' version counters
     opt = torch.optim.Adam([*a.parameters(), *b.parameters()], lr=0.1, fused=True)
     (a(x).sum() + b(x).sum()).backward()
