@@ -75,6 +75,16 @@ def run_tree(src: Path) -> dict[str, dict[str, float]]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def tree_commit(src: Path) -> dict[str, Any]:
+    """The commit ``src`` is checked out at and whether its daskrl/ differs from it."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(src), *args], capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {"path": str(src), "commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--", "daskrl"))}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trees", nargs="+", metavar="NAME=SRC",
@@ -90,7 +100,11 @@ def main(argv: list[str] | None = None) -> None:
         name, sep, src = spec.partition("=")
         if not sep or not (Path(src) / "daskrl").is_dir():
             parser.error(f"tree {spec!r}: give NAME=SRC, SRC a folder holding daskrl/")
+        if name in trees:
+            parser.error(f"tree name {name!r} given twice: give each tree its own name")
         trees[name] = Path(src).resolve()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give at least 1")
     loads = [load_average()]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     for rep in range(args.repeats):
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     medians = {name: {env: {p: median(r[env][p] for r in rs) for p in parts} for env, *_ in CASES}
                for name, rs in runs.items()}
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
-                           "trees": {k: str(v) for k, v in trees.items()}, "runs": runs,
+                           "trees": {k: tree_commit(v) for k, v in trees.items()}, "runs": runs,
                            "medians": medians})
     rows = [[env, name, *(medians[name][env][p] for p in parts)]
             for env, *_ in CASES for name in trees]

@@ -181,9 +181,10 @@ ROWS: dict[str, Row] = {r.name: r for r in (
             "gradient_steps": 200}},
         note="RL Zoo's Hopper settings (3e-4 for every network, 10k uniformly random steps "
              "first, 256x256 ReLU, batch 256, tau 0.005, the temperature tuned) at 100k steps, "
-             "what this machine runs in about 20 minutes a run (SAC takes one gradient step "
-             "per env step); SB3 collects 200 steps, then takes 200 gradient steps, as a "
-             "daskrl iteration does"),
+             "an estimated 20-30 minutes a run here (SAC takes one gradient step per env "
+             "step: about 60 env-steps/s on the sac-pendulum row, TD3 91 on Hopper-v5 in "
+             "td3.md); SB3 collects 200 steps, then takes 200 gradient steps, as a daskrl "
+             "iteration does"),
     Row("mappo-spread", "MAPPO", "simple_spread", 320_000, "graphs/mappo.py",
         ("--env", "simple_spread"), peer="IPPO (daskrl)",
         peer_flags=("--env", "simple_spread", "--critic", "local"),
@@ -192,8 +193,8 @@ ROWS: dict[str, Row] = {r.name: r for r in (
              "retrieved (mpe_tasks.md), so the peer is the same graph with local critics"),
 )}
 """The suite, in the order it runs. SAC on Hopper-v5 runs 100k steps, not the 1M where its
-returns are usually quoted: at about 90 env-steps/s here (one gradient step per env step), 1M
-steps would take three hours a run."""
+returns are usually quoted: at the 60-90 env-steps/s SAC and TD3 make here (one gradient step
+per env step), 1M steps would take 3-4.5 hours a run."""
 
 QUICK_STEPS = {"ppo-cartpole": 4096, "dqn-cartpole": 2048}
 
