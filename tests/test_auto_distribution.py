@@ -7,6 +7,7 @@ Real clusters (daskrl's own, one CPU per worker); the margins asserted are the w
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -103,7 +104,13 @@ def test_stop_after_s_ends_a_run_early_as_a_shorter_one(cluster_tiny_ppo, tmp_pa
                            progress=False, tensorboard=False, task_s=0, lookahead=2,
                            stop_after_s=0.0)
     summary = train(SyncBackend(), algo, get_distribution("actors-learner"), settings)
-    rows = (tmp_path / "run" / "metrics.csv").read_text().strip().splitlines()[1:]
+    with (tmp_path / "run" / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
     assert 2 <= summary["iterations"] <= 3, summary["iterations"]  # the first, and in flight
     assert len(rows) == summary["iterations"]
-    assert summary["env_steps"] == summary["iterations"] * algo.steps_per_iteration
+    # the steps of the iterations recorded: each at least its slots (a rollout that met an
+    # auto-reset step steps all its envs again, so it may take up to num_envs - 1 more)
+    assert summary["env_steps"] == int(rows[-1]["env_steps"])
+    assert summary["env_steps"] == sum(int(r["iteration_env_steps"]) for r in rows)
+    slots = summary["iterations"] * algo.steps_per_iteration
+    assert slots <= summary["env_steps"] < slots + summary["iterations"] * 2 * 4  # 2 x 4 envs
