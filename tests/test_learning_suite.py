@@ -20,13 +20,20 @@ def learning():
         yield module
 
 
+@pytest.fixture(scope="module")
+def suite_rows():
+    """The suite's rows (benchmarks/_learning_rows.py)."""
+    with script(BENCH / "_learning_rows.py", "learning_rows") as module:
+        yield module
+
+
 def runs(row: str, system: str, finals: list[float]) -> list[dict]:
     return [{"row": row, "system": system, "seed": s + 1, "final_eval": f,
              "env_steps_per_s": 1000.0} for s, f in enumerate(finals)]
 
 
-def test_a_row_trails_only_below_the_peers_interval(learning):
-    row = learning.ROWS["ppo-cartpole"]
+def test_a_row_trails_only_below_the_peers_interval(learning, suite_rows):
+    row = suite_rows.ROWS["ppo-cartpole"]
     peer = runs(row.name, "peer", [480.0, 490.0, 500.0, 500.0, 500.0])
     below = learning.summarise(row, runs(row.name, "daskrl", [100.0, 120.0, 150.0, 130.0,
                                                                110.0]) + peer, row.steps, 2000)
@@ -41,10 +48,10 @@ def test_a_row_trails_only_below_the_peers_interval(learning):
     assert "**trails**" in learning.table([below]) and "holds" in learning.table([inside])
 
 
-def test_a_row_without_a_peer_of_its_own_reads_the_shared_runs(learning, tmp_path):
-    impala = learning.ROWS["impala-cartpole"]
-    shared = learning.run_dir(tmp_path, impala, "peer", 2)
-    assert shared == learning.run_dir(tmp_path, learning.ROWS[impala.peer_row], "peer", 2)
+def test_a_row_without_a_peer_of_its_own_reads_the_shared_runs(learning, suite_rows, tmp_path):
+    impala = suite_rows.ROWS["impala-cartpole"]
+    shared = suite_rows.run_dir(tmp_path, impala, "peer", 2)
+    assert shared == suite_rows.run_dir(tmp_path, suite_rows.ROWS[impala.peer_row], "peer", 2)
     summary = learning.summarise(
         impala, runs(impala.name, "daskrl", [500.0, 500.0, 480.0])
         + runs(impala.peer_row, "peer", [500.0, 450.0, 500.0])
@@ -118,7 +125,7 @@ def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_p
     assert written["rows"][0]["daskrl"]["finals"] == [-20.0]
 
 
-def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
+def test_only_the_jobs_the_json_lacks_run(learning, suite_rows, tmp_path, monkeypatch):
     record = tmp_path / "learning.json"
     record.write_text(json.dumps({"runs": recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
                                   + recorded_runs("mappo-spread", "peer", [-19.0])}))
@@ -131,7 +138,7 @@ def test_only_the_jobs_the_json_lacks_run(learning, tmp_path, monkeypatch):
             later = json.loads(record.read_text())
             later["runs"] += recorded_runs("dqn-cartpole", "daskrl", [500.0])
             record.write_text(json.dumps(later))
-        return recorded_runs(learning.source_row(row, system).name,
+        return recorded_runs(suite_rows.source_row(row, system).name,
                              system, [-1.0])[0] | {"seed": seed, "steps": steps}
 
     monkeypatch.setattr(learning, "run_one", fake_run)
