@@ -13,7 +13,6 @@ than ``F.linear``'s (float32 rounding, about 1e-7 relative).
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -25,14 +24,15 @@ from daskrl.algos.layers import run_mlp
 
 _ACTIVATIONS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
 
-_STEPS = itertools.count()
 _optimiser_steps = 0
-"""torch.optim steps taken in this process: fused steps leave the version counters alone."""
+"""torch.optim steps taken in this process: fused steps leave the version counters alone
+(only its changes are read, so a step lost to a race between threads would still change it
+at the next)."""
 
 
 def _count_step(*_: Any) -> None:
     global _optimiser_steps
-    _optimiser_steps = next(_STEPS)
+    _optimiser_steps += 1
 
 
 register_optimizer_step_post_hook(_count_step)
