@@ -1,21 +1,23 @@
 """TwinMLP (actor and critic stepped as one) gives each tower's own output, follows their
 weights as they are trained or loaded, and the actor-critics act with it; the categorical
-sampler draws from the policy's distribution."""
+sampler draws from the policy's distribution; the numpy path for small CPU batches is the same
+maths and draws as torch's."""
 
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from daskrl.algos.categorical import DiscreteActorCritic, sample
+from daskrl.algos.categorical import DiscreteActorCritic, sample, sample_numpy
 from daskrl.algos.gaussian import GaussianActorCritic
 from daskrl.algos.layers import mlp
-from daskrl.algos.normalize import Normalization
-from daskrl.algos.twin_mlp import TwinMLP
+from daskrl.algos.normalize import Moments, Normalization, RunningMeanStd
+from daskrl.algos.twin_mlp import NUMPY_MAX_ROWS, TwinMLP
 
 
 @pytest.mark.parametrize("hidden", [(), (16,), (32, 32), (8, 8, 8)])
@@ -33,7 +35,13 @@ def test_matches_each_tower(hidden: tuple[int, ...], act: type[nn.Module]) -> No
         out_a, out_b = twin(x)
         torch.testing.assert_close(out_a, a(x), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(out_b, b(x), rtol=1e-5, atol=1e-6)
+        np_out = twin.run_numpy(a, b, x.numpy())
     assert out_a.shape == (7, 3) and out_b.shape == (7, 1)
+    assert np_out is not None
+    for got, tower in zip(np_out, (a, b), strict=True):
+        assert got.dtype == np.float32
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(got), tower(x), rtol=1e-5, atol=1e-6)
 
 
 def built_twin() -> tuple[nn.Sequential, nn.Sequential, TwinMLP, torch.Tensor]:
@@ -77,9 +85,13 @@ def test_follows_fused_optimiser_steps_and_says_how_to_follow_raw_writes() -> No
     opt.step()
     with torch.no_grad():
         torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(twin.run_numpy(a, b, x.numpy())[1], b(x), rtol=1e-5,
+                                   atol=1e-6)
         a[0].weight.data.mul_(2.0)  # torch does not count writes through .data
         twin.invalidate()
         torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(twin.run_numpy(a, b, x.numpy())[0], a(x), rtol=1e-5,
+                                   atol=1e-6)
         a.double()  # another dtype: the copy follows (the input too)
         torch.testing.assert_close(twin(x.double())[0], a(x.double()), rtol=1e-9, atol=1e-12)
 
@@ -151,3 +163,78 @@ def test_sample_follows_the_softmax() -> None:
     # three standard errors of a binomial share at n = 60k: below 0.006
     assert torch.allclose(freq, probs.double(), atol=0.006), freq
     torch.testing.assert_close(logp, probs.log()[actions])
+
+
+def test_numpy_path_only_for_its_own_float32_cpu_towers() -> None:
+    a, b, twin, x = built_twin()
+    other = mlp(4, 1, (16, 16), out_std=1.0)
+    assert twin.run_numpy(a, other, x.numpy()) is None  # not its tower: run() handles it
+    a.double()
+    b.double()
+    assert twin.run_numpy(a, b, x.numpy()) is None  # float64 weights: torch's path
+
+
+def discrete_net() -> DiscreteActorCritic:
+    torch.manual_seed(2)
+    net = DiscreteActorCritic(4, 3, (32, 32))
+    with torch.no_grad():  # logits far from uniform: sampling and log-probs are exercised
+        net.actor[-1].weight.mul_(100.0)
+    return net
+
+
+def gaussian_net() -> GaussianActorCritic:
+    torch.manual_seed(2)
+    net = GaussianActorCritic(5, 2, (32, 32), normalization=Normalization(obs=True))
+    assert net.obs_rms is not None
+    net.obs_rms.update(Moments.of(np.random.default_rng(0).normal(3.0, 2.0, (100, 5))))
+    with torch.no_grad():
+        net.actor_logstd.copy_(torch.tensor([[-0.5, 0.3]]))
+    return net
+
+
+@pytest.mark.parametrize("make", [discrete_net, gaussian_net])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_numpy_act_is_the_torch_act(make: Any, deterministic: bool) -> None:
+    net = make()
+    obs = np.random.default_rng(1).normal(2.0, 3.0, (NUMPY_MAX_ROWS, 5 if make is gaussian_net
+                                                                     else 4)).astype(np.float32)
+    got = net.act(obs, torch.Generator().manual_seed(0), deterministic)
+    ref = net._act_torch(obs, torch.Generator().manual_seed(0), deterministic)
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == r.dtype and g.shape == r.shape
+    if make is discrete_net:
+        assert torch.equal(got[0], ref[0])
+        assert len(set(got[0].tolist())) > 1  # the draws, not one dominant action
+    else:
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_past_the_numpy_rows_runs_in_torch() -> None:
+    net = gaussian_net()
+    obs = np.random.default_rng(1).normal(size=(NUMPY_MAX_ROWS + 1, 5)).astype(np.float32)
+    got = net.act(obs, torch.Generator().manual_seed(0))
+    ref = net._act_torch(obs, torch.Generator().manual_seed(0), False)
+    assert all(torch.equal(g, r) for g, r in zip(got, ref, strict=True))
+
+
+def test_numpy_normalisation_is_forward_bit_for_bit() -> None:
+    rms = RunningMeanStd((3,), clip=5.0)
+    rms.update(Moments.of(np.random.default_rng(0).normal(1.0, 0.1, (50, 3))))
+    x = np.random.default_rng(1).normal(1.0, 1.0, (20, 3)).astype(np.float32)
+    got = rms.normalize_numpy(x)
+    assert np.array_equal(got, rms(torch.from_numpy(x)).numpy())
+    assert got.max() == 5.0 and got.min() == -5.0  # clipped as forward clips
+    rms.update(Moments.of(np.full((50, 3), 4.0)))  # new statistics: the copy follows
+    assert np.array_equal(rms.normalize_numpy(x), rms(torch.from_numpy(x)).numpy())
+
+
+def test_numpy_sample_follows_the_softmax() -> None:
+    probs = np.array([0.1, 0.2, 0.7], np.float32)
+    n = 60_000
+    logits = np.broadcast_to(np.log(probs), (n, 3)).copy()
+    actions, logp = sample_numpy(logits, torch.Generator().manual_seed(0))
+    freq = np.bincount(actions, minlength=3) / n
+    np.testing.assert_allclose(freq, probs, atol=0.006)  # three standard errors at 60k
+    np.testing.assert_allclose(logp, np.log(probs)[actions], rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from daskrl.algos.layers import layer, mlp, nature_cnn, run_mlp
 from daskrl.algos.normalize import RunningMeanStd
-from daskrl.algos.twin_mlp import TwinMLP
+from daskrl.algos.twin_mlp import NUMPY_MAX_ROWS, TwinMLP
 
 
 def sample(logits: Tensor, generator: torch.Generator | None, deterministic: bool = False
@@ -41,6 +41,29 @@ def sample(logits: Tensor, generator: torch.Generator | None, deterministic: boo
         noise = torch.empty_like(logp_all).exponential_(generator=generator)
         actions = (logp_all - noise.log_()).argmax(-1)
     return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
+
+
+def sample_numpy(logits: np.ndarray, generator: torch.Generator | None,
+                 deterministic: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sample` for float32 numpy ``logits``: the same draws from ``generator`` (CPU)
+    and the same maths in numpy's float32 arithmetic.
+
+    Examples
+    --------
+    >>> logits = np.array([[0.0, 1.0], [2.0, -1.0]], np.float32)
+    >>> a, lp = sample_numpy(logits, torch.Generator().manual_seed(0))
+    >>> a_t, lp_t = sample(torch.from_numpy(logits), torch.Generator().manual_seed(0))
+    >>> a.tolist() == a_t.tolist(), bool(np.allclose(lp, lp_t.numpy(), atol=1e-6))
+    (True, True)
+    """
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp_all = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    if deterministic:
+        actions = logp_all.argmax(-1)
+    else:
+        noise = torch.empty(logp_all.shape).exponential_(generator=generator).numpy()
+        actions = (logp_all - np.log(noise)).argmax(-1)
+    return actions, np.take_along_axis(logp_all, actions[:, None], -1)[:, 0]
 
 
 class CategoricalPolicy(nn.Module):
@@ -112,14 +135,37 @@ class DiscreteActorCritic(nn.Module):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy, self.value(obs)
 
-    @torch.inference_mode()
     def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
             deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """Sampled (or greedy) actions, their log-probabilities and the values of ``obs``.
 
         Runs without autograd; a numpy ``obs`` is used in place (no copy when it is
-        ``float32``). Sampling is :func:`sample` with ``generator``'s noise.
+        ``float32``). Sampling is :func:`sample` with ``generator``'s noise. A numpy batch
+        of up to ``NUMPY_MAX_ROWS`` rows on a CPU network is run in numpy
+        (:meth:`TwinMLP.run_numpy <daskrl.algos.twin_mlp.TwinMLP.run_numpy>` and
+        :func:`sample_numpy`), with the same draws.
         """
+        if isinstance(obs, np.ndarray) and obs.shape[0] <= NUMPY_MAX_ROWS:
+            out = self._act_numpy(obs, generator, deterministic)
+            if out is not None:
+                return out
+        return self._act_torch(obs, generator, deterministic)
+
+    def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
+                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+        """:meth:`act` in numpy (the noise from torch), or None for a network it cannot run:
+        not float32 on the CPU, or towers replaced."""
+        x = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
+        out = self.towers.run_numpy(self.actor, self.critic, x)
+        if out is None:
+            return None
+        actions, logp = sample_numpy(out[0], generator, deterministic)
+        return torch.from_numpy(actions), torch.from_numpy(logp), torch.from_numpy(out[1][:, 0])
+
+    @torch.inference_mode()
+    def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,
+                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`act` in torch, on the network's device."""
         x = torch.as_tensor(obs, dtype=torch.float32)
         x = x.reshape(x.shape[0], -1).to(self.towers.device)  # shape[0]: len() is Python
         logits, value = self.towers.run(self.actor, self.critic, x)

@@ -128,13 +128,16 @@ class RunningMeanStd(nn.Module):
         """float32 mean and std, and the numpy std, for the statistics as they are: an actor
         normalises every step with statistics that change once per update, so they are
         converted once (dropped by :meth:`update`, a loaded ``state_dict`` and ``.to``)."""
+        self._np_scale: tuple[np.ndarray, np.ndarray] | None = None
+        """The float32 mean and std as numpy arrays (:meth:`normalize_numpy`), dropped with
+        :attr:`_scale`."""
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        self._scale = None
+        self._scale = self._np_scale = None
         super()._load_from_state_dict(*args, **kwargs)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> RunningMeanStd:
-        self._scale = None
+        self._scale = self._np_scale = None
         return super()._apply(fn, *args, **kwargs)
 
     def scale(self) -> tuple[Tensor, Tensor, np.ndarray]:
@@ -157,7 +160,7 @@ class RunningMeanStd(nn.Module):
         self.mean.copy_(torch.as_tensor(merged.mean))
         self.var.copy_(torch.as_tensor(merged.var))
         self.count.fill_(merged.count)
-        self._scale = None
+        self._scale = self._np_scale = None
 
     def std(self) -> np.ndarray:
         """``sqrt(var + EPS)`` as numpy (what rewards are divided by)."""
@@ -192,6 +195,25 @@ class RunningMeanStd(nn.Module):
         else:
             mean, std = self.scale()[:2]
         return ((x.to(torch.float32) - mean) / std).clamp(-self.clip, self.clip)
+
+    def normalize_numpy(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`forward` in numpy for a float32 ``x`` (the same float32 operations, so the
+        same bits), for statistics on the CPU.
+
+        Examples
+        --------
+        >>> rms = RunningMeanStd((2,))
+        >>> rms.update(Moments.of(np.array([[1.0, 2.0], [3.0, 6.0]])))
+        >>> rms.normalize_numpy(np.array([[3.0, 6.0]], np.float32)).round(3).tolist()
+        [[1.0, 1.0]]
+        """
+        if self._np_scale is None:
+            mean, std = self.scale()[:2]
+            self._np_scale = (mean.numpy(), std.numpy())
+        mean, std = self._np_scale
+        out = x - mean
+        out /= std
+        return np.clip(out, -self.clip, self.clip, out=out)
 
 
 def shifted_sums(batch: Moments, center: np.ndarray) -> np.ndarray:

@@ -9,12 +9,19 @@ one wider ``linear`` (the input is shared), the later ones as one batched matmul
 two towers, so a 2-hidden-layer pair is three matmuls and two activations instead of six and
 four. The maths is each tower's own; sums over the same terms may round in another order
 than ``F.linear``'s (float32 rounding, about 1e-7 relative).
+
+On the CPU a small batch can skip torch altogether (:meth:`TwinMLP.run_numpy`): the stacked
+copy is also held as numpy arrays (views of the same memory), and numpy's ufuncs and matmul
+cost about 1 us a call where torch's dispatch costs 3-5 us. Past a few dozen rows torch's
+vectorised activations win (``NUMPY_MAX_ROWS``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -23,6 +30,18 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from daskrl.algos.layers import run_mlp
 
 _ACTIVATIONS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
+
+
+def _np_relu(h: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.maximum(h, 0.0, out=out)
+
+
+_NP_ACTIVATIONS: dict[type, Callable[..., np.ndarray]] = {nn.Tanh: np.tanh, nn.ReLU: _np_relu}
+
+NUMPY_MAX_ROWS = 64
+"""The most rows :meth:`TwinMLP.run_numpy` is meant for; the actor-critics' ``act`` runs
+batches up to this size in numpy and larger ones in torch (``benchmarks/act_cost.md``: on 2
+CPU cores numpy was faster up to about 128 rows of a 64x64 pair, torch past them)."""
 
 _optimiser_steps = 0
 """torch.optim steps taken in this process: fused steps leave the version counters alone
@@ -83,8 +102,10 @@ class TwinMLP:
         self._linears = [m for net in (a, b) for m in net if isinstance(m, nn.Linear)]
         self._params = [m._parameters for m in self._linears]  # live dicts: replacements show
         self._acts = [_ACTIVATIONS[type(m)] for m in a if type(m) in _ACTIVATIONS]
+        self._np_acts = [_NP_ACTIVATIONS[type(m)] for m in a if type(m) in _NP_ACTIVATIONS]
         self._cache: tuple[Any, ...] | None = None
-        """(key, first layer, stacked later layers, output widths), replaced as one."""
+        """(key, first layer, stacked later layers, output widths, numpy copy or None),
+        replaced as one."""
 
     @staticmethod
     def fits(a: nn.Module, b: nn.Module) -> bool:
@@ -119,12 +140,22 @@ class TwinMLP:
         """Rebuild the stacked copy on the next call (after writes torch does not count)."""
         self._cache = None
 
-    def _key(self, x: Tensor) -> tuple[Any, ...]:
+    def _key(self) -> tuple[Any, ...]:
         # identity and version counter of every parameter (a few microseconds; a module's
         # attribute lookups would cost more than the forward pass saves)
         versions = [(id(p), p._version) for params in self._params for p in params.values()]
         first = self._linears[0].weight
-        return (_optimiser_steps, first.device, first.dtype, x.device, versions)
+        return (_optimiser_steps, first.device, first.dtype, versions)
+
+    def _current(self) -> tuple[Any, ...]:
+        """The stacked copy for the weights as they are (rebuilt when they have changed)."""
+        key = self._key()
+        cache = self._cache
+        if cache is None or cache[0] != key:
+            self._build(key)
+            cache = self._cache
+        assert cache is not None
+        return cache
 
     @torch.no_grad()
     def _build(self, key: tuple[Any, ...]) -> None:
@@ -142,16 +173,18 @@ class TwinMLP:
             bias[0, 0, : la.out_features] = la.bias
             bias[1, 0, : lb.out_features] = lb.bias
             stacked.append((w, bias))
+        numpy = None
+        if first[0].device.type == "cpu" and first[0].dtype == torch.float32:
+            # views of the stacked tensors but the first weight, transposed for x @ w
+            numpy = (first[0].t().contiguous().numpy(), first[1].numpy(),
+                     [(w.numpy(), bias.numpy()) for w, bias in stacked])
         # one assignment: a thread calling meanwhile sees the old copy or the new, not half
-        self._cache = (key, first, stacked, (lin_a[-1].out_features, lin_b[-1].out_features))
+        self._cache = (key, first, stacked, (lin_a[-1].out_features, lin_b[-1].out_features),
+                       numpy)
 
     def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(a(x), b(x))`` for a batch ``x`` of shape ``(B, in_features)``."""
-        key = self._key(x)
-        if self._cache is None or self._cache[0] != key:
-            self._build(key)
-        assert self._cache is not None
-        _, first, stacked, (na, nb) = self._cache
+        _, first, stacked, (na, nb), _ = self._current()
         h = F.linear(x, *first)
         if not stacked:  # one layer: the wide linear is the output
             out_a, out_b = h.split((na, nb), dim=1)
@@ -175,6 +208,44 @@ class TwinMLP:
         if a is self.a and b is self.b:
             return self(x)
         return run_mlp(a, x), run_mlp(b, x)
+
+    def run_numpy(self, a: nn.Sequential, b: nn.Sequential, x: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(a(x), b(x))`` computed in numpy, for a float32 batch ``x`` of shape
+        ``(B, in_features)``; None when it cannot be: ``a`` or ``b`` is no longer this
+        twin's tower, or the weights are not float32 on the CPU (then call :meth:`run`).
+
+        Meant for small batches (``NUMPY_MAX_ROWS``). The same maths as :meth:`run`, in
+        numpy's float32 arithmetic (sums may round in another order: about 1e-7 relative).
+
+        Examples
+        --------
+        >>> from daskrl.algos.layers import mlp
+        >>> actor, critic = mlp(4, 2, (8, 8), out_std=1.0), mlp(4, 1, (8, 8), out_std=1.0)
+        >>> twin = TwinMLP(actor, critic)
+        >>> x = np.ones((3, 4), np.float32)
+        >>> logits, value = twin.run_numpy(actor, critic, x)
+        >>> bool(np.allclose(logits, actor(torch.from_numpy(x)).detach().numpy(), atol=1e-6))
+        True
+        """
+        if a is not self.a or b is not self.b:
+            return None
+        _, _, _, (na, nb), numpy = self._current()
+        if numpy is None:
+            return None
+        w1, b1, stacked = numpy
+        h = x @ w1
+        h += b1
+        if not stacked:
+            return h[:, :na], h[:, na:]
+        h = self._np_acts[0](h, out=h)
+        h = h.reshape(x.shape[0], 2, -1).transpose(1, 0, 2)
+        for i, (w, bias) in enumerate(stacked, start=1):
+            h = np.matmul(h, w)
+            h += bias
+            if i < len(self._np_acts):
+                h = self._np_acts[i](h, out=h)
+        return h[0, :, :na], h[1, :, :nb]
 
     def __getstate__(self) -> dict[str, Any]:
         # the towers only: the stacked copy is rebuilt on first use after unpickling
