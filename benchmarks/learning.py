@@ -153,9 +153,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, Any]],
-         args: argparse.Namespace, lacking: list[str] = ()) -> str:
+         args: argparse.Namespace, left_out: dict[str, int] | None = None) -> str:
     """The page's section: the table, each row's settings, the curves and the load
-    (``lacking``: the runs without a recorded curve, which left the picture as it was)."""
+    (``left_out``: the rows not drawn, each with its runs that lack a recorded curve)."""
     loads = [r["load_before"]["load_1m"] for r in runs
              if (r.get("load_before") or {}).get("load_1m") is not None]
     load = (f"1-minute load at the runs' starts {min(loads):.1f}-{max(loads):.1f} on "
@@ -168,12 +168,17 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
              "runs that shared the cores, so compare them within a row only.", ""]
     lines += [f"- **{r.algo} {r.env}** ({s['steps']:,} steps): {r.note}."
               for r, s in zip(rows, summary, strict=True)]
-    lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
-    if lacking:
-        lines += ["", f"The picture is from an earlier call: {len(lacking)} of the runs in the "
-                  "table have no recorded training curve (recorded before the JSON kept curves, "
-                  "their folders gone, or runs that logged fewer than two returns), so it shows "
-                  "the seeds that call had, not the table's."]
+    left_out = left_out or {}
+    if len(left_out) < len(rows):
+        lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
+    if left_out:
+        names = " ".join(left_out)
+        lines += ["", f"Not in the picture: {len(left_out)} row(s) whose runs in the table "
+                  "include some without a recorded training curve (recorded before the JSON "
+                  "kept curves, their folders gone, or runs that logged fewer than two returns): "
+                  + ", ".join(f"{name} ({n} run{'s' if n > 1 else ''})"
+                              for name, n in left_out.items())
+                  + f". `python benchmarks/learning.py --fresh --rows {names}` runs them again."]
     return "\n".join(lines)
 
 
@@ -208,17 +213,21 @@ def finished(runs: list[dict[str, Any]], row: Row, system: str) -> list[dict[str
             and r.get("final_eval") is not None]
 
 
-def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> list[str]:
+def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> dict[str, int]:
     """Training-return curves (IQM over the seeds that finished, 95 % bootstrap bands), one
-    panel per row, from the curves the runs recorded. Draws nothing and returns the runs
-    without a curve when there are any (the picture would show fewer seeds than the table):
-    runs recorded before the JSON kept curves, whose folders are gone."""
-    # dict.fromkeys: a peer run two rows share is one run
-    lacking = list(dict.fromkeys(f"{r['row']} {r['system']} s{r['seed']}" for row in rows
-                                 for system in ("daskrl", "peer")
-                                 for r in finished(runs, row, system) if not r.get("curve")))
-    if lacking:
-        return lacking
+    panel per row, from the curves the runs recorded. A row with a run that has no curve
+    (recorded before the JSON kept curves, its folder gone) is left out, so that each panel
+    shows the seeds its row of the table scores; returns those rows, each with how many of
+    its runs lack a curve. Draws nothing when no row is left."""
+    left_out: dict[str, int] = {}
+    for row in rows:
+        lacking = [r for system in ("daskrl", "peer") for r in finished(runs, row, system)
+                   if not r.get("curve")]
+        if lacking:
+            left_out[row.name] = len(lacking)
+    rows = [row for row in rows if row.name not in left_out]
+    if not rows:
+        return left_out
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,7 +254,7 @@ def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> list[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return []
+    return left_out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -327,12 +336,11 @@ def main(argv: list[str] | None = None) -> None:
     summary = [summarise(row, scored, steps[row.name]) for row in rows]
     write_json(args.json, {"machine": machine_info(), "loads": loads, "args": vars(args),
                            "rows": summary, "runs": runs})
-    lacking = plot(rows, scored, args.json.with_name(f"{args.json.stem}_curves.png"))
-    if lacking:
-        print(f"curves not drawn: {len(lacking)} run(s) recorded without one "
-              f"({', '.join(lacking[:4])}{', ...' if len(lacking) > 4 else ''})",
-              file=sys.stderr)
-    update_section(args.md, args.section, page(summary, rows, scored, args, lacking))
+    left_out = plot(rows, scored, args.json.with_name(f"{args.json.stem}_curves.png"))
+    if left_out:
+        print(f"rows not in the curves' picture, some runs recorded without a curve: "
+              f"{', '.join(left_out)} (--fresh --rows ROW runs them again)", file=sys.stderr)
+    update_section(args.md, args.section, page(summary, rows, scored, args, left_out))
     print(table(summary))
     if errors:
         raise SystemExit(f"{len(errors)} run(s) failed")

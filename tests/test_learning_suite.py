@@ -88,9 +88,9 @@ def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_p
     assert spread["daskrl"]["finals"] == [-20.0, -21.0]
     # a row not asked for this time stays in the report
     assert [r["row"] for r in written["rows"]] == ["sac-pendulum", "mappo-spread"]
-    # the SAC run has no curve: the picture is left as it was, and the page says so
-    assert not (tmp_path / "learning_curves.png").exists()
-    assert "from an earlier call: 1 of the runs in the table have no recorded" in md.read_text()
+    # the SAC run has no curve: its row is left out of the picture, and the page says so
+    assert (tmp_path / "learning_curves.png").exists()
+    assert "Not in the picture: 1 row(s)" in md.read_text()
 
 
 def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatch):
@@ -107,7 +107,30 @@ def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatc
     # the run folders do not exist: each band is the two recorded curves of its system
     assert drawn == [[-20.0, -21.0], [-19.0, -22.0]]
     assert (tmp_path / "learning_curves.png").stat().st_size > 1000
-    assert "earlier call" not in md.read_text()
+    assert "Not in the picture" not in md.read_text()
+
+
+def test_a_row_with_runs_lacking_a_curve_is_left_out_of_the_picture_and_named(
+        learning, tmp_path, monkeypatch):
+    drawn = []
+    grid = learning.common_grid
+    monkeypatch.setattr(learning, "common_grid",
+                        lambda curves: drawn.append([c[1][-1] for c in curves]) or grid(curves))
+    record = tmp_path / "learning.json"
+    old = recorded_runs("sac-pendulum", "daskrl", [-150.0, -160.0])
+    old[1]["curve"] = None  # recorded before the JSON kept curves, its folder gone
+    record.write_text(json.dumps({"runs": old
+                                  + recorded_runs("sac-pendulum", "peer", [-140.0, -170.0])
+                                  + recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
+                                  + recorded_runs("mappo-spread", "peer", [-19.0, -22.0])}))
+    md = tmp_path / "learning.md"
+    learning.main(["--rows", "sac-pendulum", "mappo-spread", "--seeds", "1", "2", "--no-run",
+                   "--work", str(tmp_path / "w"), "--json", str(record), "--md", str(md)])
+    assert drawn == [[-20.0, -21.0], [-19.0, -22.0]]  # mappo-spread's panel alone
+    text = md.read_text()
+    assert "learning_curves.png" in text
+    assert "Not in the picture: 1 row(s)" in text and "sac-pendulum (1 run)" in text
+    assert "--fresh --rows sac-pendulum` runs them again" in text
 
 
 def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_path, capsys):
