@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from daskrl.algos.layers import layer, mlp, nature_cnn, run_mlp
 from daskrl.algos.normalize import RunningMeanStd
-from daskrl.algos.twin_mlp import NUMPY_MAX_ROWS, TwinMLP
+from daskrl.algos.twin_mlp import NumpyActing, TwinMLP
 
 
 def sample(logits: Tensor, generator: torch.Generator | None, deterministic: bool = False
@@ -94,7 +94,7 @@ class CategoricalPolicy(nn.Module):
         return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
 
 
-class DiscreteActorCritic(nn.Module):
+class DiscreteActorCritic(NumpyActing, nn.Module):
     """Categorical policy and state-value function over flat observations.
 
     Examples
@@ -135,26 +135,11 @@ class DiscreteActorCritic(nn.Module):
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy, self.value(obs)
 
-    def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
-            deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """Sampled (or greedy) actions, their log-probabilities and the values of ``obs``.
-
-        Runs without autograd; a numpy ``obs`` is used in place (no copy when it is
-        ``float32``). Sampling is :func:`sample` with ``generator``'s noise. A numpy batch
-        of up to ``NUMPY_MAX_ROWS`` rows on a CPU network is run in numpy
-        (:meth:`TwinMLP.run_numpy <daskrl.algos.twin_mlp.TwinMLP.run_numpy>` and
-        :func:`sample_numpy`), with the same draws.
-        """
-        if isinstance(obs, np.ndarray) and obs.shape[0] <= NUMPY_MAX_ROWS:
-            out = self._act_numpy(obs, generator, deterministic)
-            if out is not None:
-                return out
-        return self._act_torch(obs, generator, deterministic)
-
     def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
-        """:meth:`act` in numpy (the noise from torch), or None for a network it cannot run:
-        not float32 on the CPU, or towers replaced."""
+        """:meth:`act` in numpy (:meth:`TwinMLP.run_numpy
+        <daskrl.algos.twin_mlp.TwinMLP.run_numpy>` and :func:`sample_numpy`), or None for a
+        network it cannot run."""
         x = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
         out = self.towers.run_numpy(self.actor, self.critic, x)
         if out is None:
@@ -165,7 +150,8 @@ class DiscreteActorCritic(nn.Module):
     @torch.inference_mode()
     def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,
                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`act` in torch, on the network's device."""
+        """:meth:`act` in torch, on the network's device: a numpy ``obs`` is used in place
+        (no copy when it is ``float32``), the sample is :func:`sample`."""
         x = torch.as_tensor(obs, dtype=torch.float32)
         x = x.reshape(x.shape[0], -1).to(self.towers.device)  # shape[0]: len() is Python
         logits, value = self.towers.run(self.actor, self.critic, x)

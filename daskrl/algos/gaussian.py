@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from daskrl.algos.layers import mlp, run_mlp
 from daskrl.algos.normalize import Normalization, RunningMeanStd
-from daskrl.algos.twin_mlp import NUMPY_MAX_ROWS, TwinMLP
+from daskrl.algos.twin_mlp import NumpyActing, TwinMLP
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -69,7 +69,7 @@ class GaussianPolicy(nn.Module):
         return torch.maximum(torch.minimum(mean, self.high), self.low)
 
 
-class GaussianActorCritic(nn.Module):
+class GaussianActorCritic(NumpyActing, nn.Module):
     """Gaussian policy with a state-independent log std, and a state-value function (CleanRL's
     ``ppo_continuous_action`` network), over flat observations.
 
@@ -131,26 +131,11 @@ class GaussianActorCritic(nn.Module):
         return (gaussian_logp(actions, mean, logstd), gaussian_entropy(logstd),
                 run_mlp(self.critic, x).squeeze(-1))
 
-    def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
-            deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """Sampled actions (or the mean), their log-densities and the values of ``obs``.
-
-        The noise comes from ``generator``; actions are not clipped here (the env runner
-        clips what it sends to the env; the log-density is of the unclipped sample, as in
-        CleanRL). A numpy batch of up to ``NUMPY_MAX_ROWS`` rows on a CPU network is run in
-        numpy (:meth:`TwinMLP.run_numpy <daskrl.algos.twin_mlp.TwinMLP.run_numpy>`), with
-        the same draws from ``generator``.
-        """
-        if isinstance(obs, np.ndarray) and obs.shape[0] <= NUMPY_MAX_ROWS:
-            out = self._act_numpy(obs, generator, deterministic)
-            if out is not None:
-                return out
-        return self._act_torch(obs, generator, deterministic)
-
     def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
-        """:meth:`act` in numpy (the noise from torch), or None for a network it cannot run:
-        not float32 on the CPU, or towers replaced."""
+        """:meth:`act` in numpy (:meth:`TwinMLP.run_numpy
+        <daskrl.algos.twin_mlp.TwinMLP.run_numpy>`, the noise from torch), or None for a
+        network it cannot run (also: observation statistics off the CPU)."""
         x = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
         if self.obs_rms is not None:
             if self.obs_rms.mean.device.type != "cpu":
@@ -175,7 +160,9 @@ class GaussianActorCritic(nn.Module):
     @torch.inference_mode()
     def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,
                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`act` in torch, on the network's device."""
+        """:meth:`act` in torch, on the network's device. Actions are the mean or a sample,
+        not clipped here (the env runner clips what it sends to the env; the log-density is
+        of the unclipped sample, as in CleanRL)."""
         x = self.features(torch.as_tensor(obs).to(self.low.device))
         mean, value = self.towers.run(self.actor_mean, self.critic, x)
         logstd = self.actor_logstd

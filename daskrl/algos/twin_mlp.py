@@ -253,3 +253,35 @@ class TwinMLP:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["a"], state["b"])  # type: ignore[misc]
+
+
+class NumpyActing:
+    """``act`` for an actor-critic with two paths: numpy for a small batch on the CPU
+    (``_act_numpy``), torch otherwise (``_act_torch``), the same maths and the same draws
+    from the generator.
+
+    ``_act_numpy`` returns None for a network it cannot run (not float32 on the CPU, towers
+    replaced), and torch's path runs instead.
+    """
+
+    def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
+                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+        raise NotImplementedError
+
+    def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,
+                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError
+
+    def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
+            deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Sampled (or greedy) actions, their log-probabilities and the values of ``obs``,
+        without autograd, the noise from ``generator``.
+
+        A numpy batch of up to ``NUMPY_MAX_ROWS`` rows runs in numpy when the network can
+        (:meth:`TwinMLP.run_numpy`), anything else in torch on the network's device.
+        """
+        if isinstance(obs, np.ndarray) and obs.shape[0] <= NUMPY_MAX_ROWS:
+            out = self._act_numpy(obs, generator, deterministic)
+            if out is not None:
+                return out
+        return self._act_torch(obs, generator, deterministic)
