@@ -100,6 +100,8 @@ def test_empty_batches_and_replaced_towers() -> None:
     net = DiscreteActorCritic(4, 2, (8, 8))
     logits, value = net.towers(torch.zeros(0, 4))
     assert logits.shape == (0, 2) and value.shape == (0, 1)
+    logits, value = net.towers.run_numpy(net.actor, net.critic, np.zeros((0, 4), np.float32))
+    assert logits.shape == (0, 2) and value.shape == (0, 1)
     net.critic = mlp(4, 1, (32,), out_std=1.0)  # a subclass's own critic, another shape
     obs = torch.randn(5, 4)
     with torch.no_grad():

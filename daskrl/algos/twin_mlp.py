@@ -239,7 +239,7 @@ class TwinMLP:
         if not stacked:
             return h[:, :na], h[:, na:]
         h = self._np_acts[0](h, out=h)
-        h = h.reshape(x.shape[0], 2, -1).transpose(1, 0, 2)
+        h = h.reshape(x.shape[0], 2, w1.shape[1] // 2).transpose(1, 0, 2)
         for i, (w, bias) in enumerate(stacked, start=1):
             h = np.matmul(h, w)
             h += bias
