@@ -93,9 +93,11 @@ def test_distributions_whose_results_follow_arrival_order_are_refused_in_one_lin
     assert not (tmp_path / "refused").exists()  # refused before anything was written
 
 
-def _alignment_variants() -> tuple[int, str | None]:
+def _alignment_variants() -> tuple[int, int, str | None]:
     """How many different results MKL gives for one ``(8, 64) @ (64, 2)`` product (a
-    policy head) over 16 alignments of its input, in this process; and ``MKL_CBWR``."""
+    policy head) over 16 alignments of its input, in this process; how many numpy's BLAS
+    gives for the same product (the actors' numpy path, ``TwinMLP.run_numpy``); and
+    ``MKL_CBWR``."""
     import os
 
     import torch
@@ -104,21 +106,23 @@ def _alignment_variants() -> tuple[int, str | None]:
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(8, 64, generator=g).numpy()
     w, b = torch.randn(2, 64, generator=g), torch.randn(2, generator=g)
-    seen = set()
+    seen, seen_numpy = set(), set()
+    wt, bn = w.t().contiguous().numpy(), b.numpy()
     for offset in range(16):
         buf = np.zeros(8 * 64 + 16, dtype=np.float32)
         x = buf[offset:offset + 8 * 64].reshape(8, 64)
         x[:] = x0
         seen.add(torch.nn.functional.linear(torch.as_tensor(x), w, b).numpy().tobytes())
-    return len(seen), os.environ.get("MKL_CBWR")
+        seen_numpy.add((x @ wt + bn).tobytes())
+    return len(seen), len(seen_numpy), os.environ.get("MKL_CBWR")
 
 
 def test_worker_products_do_not_depend_on_where_data_lands(cluster_pair):
     """Tensors that arrive in message frames sit at any alignment: in daskrl's workers MKL
     still takes one code path (``MKL_CBWR``), so the bits do not follow the address."""
     for client in cluster_pair.values():
-        for variants, cbwr in client.run(_alignment_variants).values():
-            assert (variants, cbwr) == (1, "AUTO")
+        for variants, numpy_variants, cbwr in client.run(_alignment_variants).values():
+            assert (variants, numpy_variants, cbwr) == (1, 1, "AUTO")
 
 
 def test_a_rollout_out_of_turn_fails_a_deterministic_run_and_only_warns_otherwise():

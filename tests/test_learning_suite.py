@@ -90,7 +90,7 @@ def test_a_call_keeps_the_runs_its_json_records_and_adds_to_them(learning, tmp_p
     assert [r["row"] for r in written["rows"]] == ["sac-pendulum", "mappo-spread"]
     # the SAC run has no curve: its row is left out of the picture, and the page says so
     assert (tmp_path / "learning_curves.png").exists()
-    assert "Not in the picture: 1 row(s)" in md.read_text()
+    assert "Not in the picture: 1 row whose" in md.read_text()
 
 
 def test_the_curves_are_drawn_from_the_json_alone(learning, tmp_path, monkeypatch):
@@ -129,8 +129,18 @@ def test_a_row_with_runs_lacking_a_curve_is_left_out_of_the_picture_and_named(
     assert drawn == [[-20.0, -21.0], [-19.0, -22.0]]  # mappo-spread's panel alone
     text = md.read_text()
     assert "learning_curves.png" in text
-    assert "Not in the picture: 1 row(s)" in text and "sac-pendulum (1 run)" in text
-    assert "--fresh --rows sac-pendulum` runs them again" in text
+    assert "Not in the picture: 1 row whose" in text
+    assert ("- sac-pendulum (daskrl s2): `python benchmarks/learning.py --fresh --rows "
+            "sac-pendulum --seeds 2`") in text
+    # with every row left out there is no picture: an earlier one is removed, not linked
+    spread = json.loads(record.read_text())["runs"]
+    for r in spread:
+        r["curve"] = None
+    record.write_text(json.dumps({"runs": spread}))
+    learning.main(["--rows", "sac-pendulum", "mappo-spread", "--seeds", "1", "2", "--no-run",
+                   "--work", str(tmp_path / "w"), "--json", str(record), "--md", str(md)])
+    assert not (tmp_path / "learning_curves.png").exists()
+    assert "learning_curves.png" not in md.read_text()
 
 
 def test_a_recorded_run_of_another_budget_is_kept_but_not_scored(learning, tmp_path, capsys):

@@ -6,6 +6,7 @@ maths and draws as torch's."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,16 +56,30 @@ def built_twin() -> tuple[nn.Sequential, nn.Sequential, TwinMLP, torch.Tensor]:
     return a, b, twin, x
 
 
+def assert_numpy_follows(twin: TwinMLP, a: nn.Sequential, b: nn.Sequential,
+                         x: torch.Tensor) -> None:
+    """``run_numpy`` gives each tower's output (called before the torch path, so that
+    its own check of the weights is what rebuilds the copy)."""
+    out = twin.run_numpy(a, b, x.numpy())
+    assert out is not None
+    with torch.no_grad():
+        np.testing.assert_allclose(out[0], a(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out[1], b(x), rtol=1e-5, atol=1e-6)
+
+
 def test_follows_training_and_loading() -> None:
     a, b, twin, x = built_twin()
+    twin.run_numpy(a, b, x.numpy())  # the numpy copy built too
     opt = torch.optim.Adam([*a.parameters(), *b.parameters()], lr=0.1)
     (a(x).sum() + b(x).sum()).backward()
     opt.step()
+    assert_numpy_follows(twin, a, b, x)
     with torch.no_grad():
         torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(twin(x)[1], b(x), rtol=1e-5, atol=1e-6)
     other = mlp(4, 2, (16, 16), out_std=1.0)
     a.load_state_dict(other.state_dict())  # copied in place
+    assert_numpy_follows(twin, a, b, x)
     with torch.no_grad():
         torch.testing.assert_close(twin(x)[0], other(x), rtol=1e-5, atol=1e-6)
     fresh = mlp(4, 1, (16, 16), out_std=1.0)
@@ -73,6 +88,7 @@ def test_follows_training_and_loading() -> None:
         for _ in range(b.state_dict()[key]._version):
             tensor.add_(0)
     b.load_state_dict(state, assign=True)  # parameters replaced
+    assert_numpy_follows(twin, a, b, x)
     with torch.no_grad():
         torch.testing.assert_close(twin(x)[1], fresh(x), rtol=1e-5, atol=1e-6)
 
@@ -83,15 +99,14 @@ def test_follows_fused_optimiser_steps_and_says_how_to_follow_raw_writes() -> No
     opt = torch.optim.Adam([*a.parameters(), *b.parameters()], lr=0.1, fused=True)
     (a(x).sum() + b(x).sum()).backward()
     opt.step()
+    assert_numpy_follows(twin, a, b, x)
     with torch.no_grad():
         torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(twin.run_numpy(a, b, x.numpy())[1], b(x), rtol=1e-5,
-                                   atol=1e-6)
         a[0].weight.data.mul_(2.0)  # torch does not count writes through .data
         twin.invalidate()
+    assert_numpy_follows(twin, a, b, x)
+    with torch.no_grad():
         torch.testing.assert_close(twin(x)[0], a(x), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(twin.run_numpy(a, b, x.numpy())[0], a(x), rtol=1e-5,
-                                   atol=1e-6)
         a.double()  # another dtype: the copy follows (the input too)
         torch.testing.assert_close(twin(x.double())[0], a(x.double()), rtol=1e-9, atol=1e-12)
 
@@ -194,16 +209,22 @@ def gaussian_net() -> GaussianActorCritic:
     return net
 
 
+def no_call(*_: Any) -> None:
+    raise AssertionError("the other path ran")
+
+
 @pytest.mark.parametrize("make", [discrete_net, gaussian_net])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_numpy_act_is_the_torch_act(make: Any, deterministic: bool) -> None:
+def test_numpy_act_is_the_torch_act(make: Callable[[], nn.Module], deterministic: bool,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     net = make()
     obs = np.random.default_rng(1).normal(2.0, 3.0, (NUMPY_MAX_ROWS, 5 if make is gaussian_net
                                                                      else 4)).astype(np.float32)
-    got = net.act(obs, torch.Generator().manual_seed(0), deterministic)
     ref = net._act_torch(obs, torch.Generator().manual_seed(0), deterministic)
+    monkeypatch.setattr(net, "_act_torch", no_call)  # act must take the numpy path
+    got = net.act(obs, torch.Generator().manual_seed(0), deterministic)
     for g, r in zip(got, ref, strict=True):
-        assert g.dtype == r.dtype and g.shape == r.shape
+        assert g.dtype == r.dtype and g.shape == r.shape and g.is_inference()
     if make is discrete_net:
         assert torch.equal(got[0], ref[0])
         assert len(set(got[0].tolist())) > 1  # the draws, not one dominant action
@@ -213,12 +234,16 @@ def test_numpy_act_is_the_torch_act(make: Any, deterministic: bool) -> None:
     torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-5)
 
 
-def test_a_batch_past_the_numpy_rows_runs_in_torch() -> None:
+def test_a_batch_past_the_numpy_rows_runs_in_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     net = gaussian_net()
     obs = np.random.default_rng(1).normal(size=(NUMPY_MAX_ROWS + 1, 5)).astype(np.float32)
-    got = net.act(obs, torch.Generator().manual_seed(0))
-    ref = net._act_torch(obs, torch.Generator().manual_seed(0), False)
-    assert all(torch.equal(g, r) for g, r in zip(got, ref, strict=True))
+    monkeypatch.setattr(net, "_act_numpy", no_call)
+    assert net.act(obs)[0].shape == (NUMPY_MAX_ROWS + 1, 2)
+    monkeypatch.undo()
+    net.double()  # float64 weights: the numpy path declines, torch's runs
+    monkeypatch.setattr(net, "_act_torch", no_call)
+    with pytest.raises(AssertionError, match="the other path ran"):
+        net.act(obs[:4])
 
 
 def test_numpy_normalisation_is_forward_bit_for_bit() -> None:

@@ -97,6 +97,9 @@ class CategoricalPolicy(nn.Module):
 class DiscreteActorCritic(NumpyActing, nn.Module):
     """Categorical policy and state-value function over flat observations.
 
+    ``act`` samples with :func:`sample` (Gumbel-max, the noise from its generator); a small
+    CPU batch runs in numpy (:class:`~daskrl.algos.twin_mlp.NumpyActing`).
+
     Examples
     --------
     >>> net = DiscreteActorCritic(4, 2)
@@ -136,7 +139,7 @@ class DiscreteActorCritic(NumpyActing, nn.Module):
         return logp, entropy, self.value(obs)
 
     def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
-                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+                   deterministic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`act` in numpy (:meth:`TwinMLP.run_numpy
         <daskrl.algos.twin_mlp.TwinMLP.run_numpy>` and :func:`sample_numpy`), or None for a
         network it cannot run."""
@@ -145,7 +148,7 @@ class DiscreteActorCritic(NumpyActing, nn.Module):
         if out is None:
             return None
         actions, logp = sample_numpy(out[0], generator, deterministic)
-        return torch.from_numpy(actions), torch.from_numpy(logp), torch.from_numpy(out[1][:, 0])
+        return actions, logp, out[1][:, 0]
 
     @torch.inference_mode()
     def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,

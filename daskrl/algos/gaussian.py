@@ -77,6 +77,10 @@ class GaussianActorCritic(NumpyActing, nn.Module):
     ``normalization.reward`` the actors scale rewards by :attr:`ret_rms`. Both are buffers: the
     learner merges the actors' statistics into them, and they travel with the weights.
 
+    ``act`` gives the mean or a sample, not clipped (the env runner clips what it sends to
+    the env; the log-density is of the unclipped sample, as in CleanRL); a small CPU batch
+    runs in numpy (:class:`~daskrl.algos.twin_mlp.NumpyActing`).
+
     Examples
     --------
     >>> net = GaussianActorCritic(3, 2, (8,), normalization=Normalization(obs=True))
@@ -132,14 +136,14 @@ class GaussianActorCritic(NumpyActing, nn.Module):
                 run_mlp(self.critic, x).squeeze(-1))
 
     def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
-                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+                   deterministic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """:meth:`act` in numpy (:meth:`TwinMLP.run_numpy
         <daskrl.algos.twin_mlp.TwinMLP.run_numpy>`, the noise from torch), or None for a
-        network it cannot run (also: observation statistics off the CPU)."""
+        network it cannot run."""
+        if self.low.device.type != "cpu":  # before normalising: a GPU network's torch path
+            return None
         x = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
         if self.obs_rms is not None:
-            if self.obs_rms.mean.device.type != "cpu":
-                return None
             x = self.obs_rms.normalize_numpy(x)
         out = self.towers.run_numpy(self.actor_mean, self.critic, x)
         if out is None:
@@ -155,14 +159,12 @@ class GaussianActorCritic(NumpyActing, nn.Module):
             logp = np.square(noise).sum(-1)
             logp *= -0.5
             logp -= const
-        return torch.from_numpy(actions), torch.from_numpy(logp), torch.from_numpy(value[:, 0])
+        return actions, logp, value[:, 0]
 
     @torch.inference_mode()
     def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,
                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`act` in torch, on the network's device. Actions are the mean or a sample,
-        not clipped here (the env runner clips what it sends to the env; the log-density is
-        of the unclipped sample, as in CleanRL)."""
+        """:meth:`act` in torch, on the network's device."""
         x = self.features(torch.as_tensor(obs).to(self.low.device))
         mean, value = self.towers.run(self.actor_mean, self.critic, x)
         logstd = self.actor_logstd

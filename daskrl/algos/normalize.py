@@ -207,10 +207,11 @@ class RunningMeanStd(nn.Module):
         >>> rms.normalize_numpy(np.array([[3.0, 6.0]], np.float32)).round(3).tolist()
         [[1.0, 1.0]]
         """
-        if self._np_scale is None:
-            mean, std = self.scale()[:2]
-            self._np_scale = (mean.numpy(), std.numpy())
-        mean, std = self._np_scale
+        scale = self._np_scale
+        if scale is None:
+            mean_t, std_t = self.scale()[:2]
+            scale = self._np_scale = (mean_t.numpy(), std_t.numpy())
+        mean, std = scale
         out = x - mean
         out /= std
         return np.clip(out, -self.clip, self.clip, out=out)

@@ -11,9 +11,9 @@ four. The maths is each tower's own; sums over the same terms may round in anoth
 than ``F.linear``'s (float32 rounding, about 1e-7 relative).
 
 On the CPU a small batch can skip torch altogether (:meth:`TwinMLP.run_numpy`): the stacked
-copy is also held as numpy arrays (views of the same memory), and numpy's ufuncs and matmul
-cost about 1 us a call where torch's dispatch costs 3-5 us. Past a few dozen rows torch's
-vectorised activations win (``NUMPY_MAX_ROWS``).
+copy is also held as numpy arrays (views of the same memory), and a numpy call costs less
+than torch's dispatch of the same op. Past some rows torch's vectorised activations win
+(``NUMPY_MAX_ROWS``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ _NP_ACTIVATIONS: dict[type, Callable[..., np.ndarray]] = {nn.Tanh: np.tanh, nn.R
 
 NUMPY_MAX_ROWS = 64
 """The most rows :meth:`TwinMLP.run_numpy` is meant for; the actor-critics' ``act`` runs
-batches up to this size in numpy and larger ones in torch (``benchmarks/act_cost.md``: on 2
-CPU cores numpy was faster up to about 128 rows of a 64x64 pair, torch past them)."""
+batches up to this size in numpy and larger ones in torch (``benchmarks/act_rows.py`` times
+both paths by batch size)."""
 
 _optimiser_steps = 0
 """torch.optim steps taken in this process: fused steps leave the version counters alone
@@ -152,13 +152,11 @@ class TwinMLP:
         key = self._key()
         cache = self._cache
         if cache is None or cache[0] != key:
-            self._build(key)
-            cache = self._cache
-        assert cache is not None
+            cache = self._build(key)
         return cache
 
     @torch.no_grad()
-    def _build(self, key: tuple[Any, ...]) -> None:
+    def _build(self, key: tuple[Any, ...]) -> tuple[Any, ...]:
         half = len(self._linears) // 2
         lin_a, lin_b = self._linears[:half], self._linears[half:]
         first = (torch.cat([lin_a[0].weight, lin_b[0].weight]),
@@ -173,14 +171,15 @@ class TwinMLP:
             bias[0, 0, : la.out_features] = la.bias
             bias[1, 0, : lb.out_features] = lb.bias
             stacked.append((w, bias))
-        numpy = None
+        np_copy = None
         if first[0].device.type == "cpu" and first[0].dtype == torch.float32:
             # views of the stacked tensors but the first weight, transposed for x @ w
-            numpy = (first[0].t().contiguous().numpy(), first[1].numpy(),
-                     [(w.numpy(), bias.numpy()) for w, bias in stacked])
+            np_copy = (first[0].t().contiguous().numpy(), first[1].numpy(),
+                       [(w.numpy(), bias.numpy()) for w, bias in stacked])
         # one assignment: a thread calling meanwhile sees the old copy or the new, not half
-        self._cache = (key, first, stacked, (lin_a[-1].out_features, lin_b[-1].out_features),
-                       numpy)
+        cache = (key, first, stacked, (lin_a[-1].out_features, lin_b[-1].out_features), np_copy)
+        self._cache = cache
+        return cache
 
     def __call__(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(a(x), b(x))`` for a batch ``x`` of shape ``(B, in_features)``."""
@@ -212,8 +211,9 @@ class TwinMLP:
     def run_numpy(self, a: nn.Sequential, b: nn.Sequential, x: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray] | None:
         """``(a(x), b(x))`` computed in numpy, for a float32 batch ``x`` of shape
-        ``(B, in_features)``; None when it cannot be: ``a`` or ``b`` is no longer this
-        twin's tower, or the weights are not float32 on the CPU (then call :meth:`run`).
+        ``(B, in_features)`` (float32 outputs; another dtype would give its own); None when
+        it cannot be: ``a`` or ``b`` is no longer this twin's tower, or the weights are not
+        float32 on the CPU (then call :meth:`run`).
 
         Meant for small batches (``NUMPY_MAX_ROWS``). The same maths as :meth:`run`, in
         numpy's float32 arithmetic (sums may round in another order: about 1e-7 relative).
@@ -230,10 +230,10 @@ class TwinMLP:
         """
         if a is not self.a or b is not self.b:
             return None
-        _, _, _, (na, nb), numpy = self._current()
-        if numpy is None:
+        _, _, _, (na, nb), np_copy = self._current()
+        if np_copy is None:
             return None
-        w1, b1, stacked = numpy
+        w1, b1, stacked = np_copy
         h = x @ w1
         h += b1
         if not stacked:
@@ -260,12 +260,12 @@ class NumpyActing:
     (``_act_numpy``), torch otherwise (``_act_torch``), the same maths and the same draws
     from the generator.
 
-    ``_act_numpy`` returns None for a network it cannot run (not float32 on the CPU, towers
-    replaced), and torch's path runs instead.
+    ``_act_numpy`` returns numpy arrays, or None for a network it cannot run (not float32
+    on the CPU, towers replaced), and torch's path runs instead.
     """
 
     def _act_numpy(self, obs: np.ndarray, generator: torch.Generator | None,
-                   deterministic: bool) -> tuple[Tensor, Tensor, Tensor] | None:
+                   deterministic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         raise NotImplementedError
 
     def _act_torch(self, obs: Tensor | np.ndarray, generator: torch.Generator | None,
@@ -274,8 +274,8 @@ class NumpyActing:
 
     def act(self, obs: Tensor | np.ndarray, generator: torch.Generator | None = None,
             deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """Sampled (or greedy) actions, their log-probabilities and the values of ``obs``,
-        without autograd, the noise from ``generator``.
+        """Sampled (or greedy) actions, their log-probabilities (densities) and the values of
+        ``obs``, as inference tensors (no autograd), the noise from ``generator``.
 
         A numpy batch of up to ``NUMPY_MAX_ROWS`` rows runs in numpy when the network can
         (:meth:`TwinMLP.run_numpy`), anything else in torch on the network's device.
@@ -283,5 +283,7 @@ class NumpyActing:
         if isinstance(obs, np.ndarray) and obs.shape[0] <= NUMPY_MAX_ROWS:
             out = self._act_numpy(obs, generator, deterministic)
             if out is not None:
-                return out
+                with torch.inference_mode():  # the same kind of tensor as torch's path
+                    actions, logp, values = (torch.from_numpy(a) for a in out)
+                return actions, logp, values
         return self._act_torch(obs, generator, deterministic)
