@@ -153,7 +153,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, Any]],
-         args: argparse.Namespace, left_out: dict[str, int] | None = None) -> str:
+         args: argparse.Namespace, left_out: dict[str, list[dict[str, Any]]] | None = None
+         ) -> str:
     """The page's section: the table, each row's settings, the curves and the load
     (``left_out``: the rows not drawn, each with its runs that lack a recorded curve)."""
     loads = [r["load_before"]["load_1m"] for r in runs
@@ -172,13 +173,17 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
     if len(left_out) < len(rows):
         lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
     if left_out:
-        names = " ".join(left_out)
-        lines += ["", f"Not in the picture: {len(left_out)} row(s) whose runs in the table "
-                  "include some without a recorded training curve (recorded before the JSON "
-                  "kept curves, their folders gone, or runs that logged fewer than two returns): "
-                  + ", ".join(f"{name} ({n} run{'s' if n > 1 else ''})"
-                              for name, n in left_out.items())
-                  + f". `python benchmarks/learning.py --fresh --rows {names}` runs them again."]
+        rows_said = "1 row" if len(left_out) == 1 else f"{len(left_out)} rows"
+        lines += ["", f"Not in the picture: {rows_said} whose runs in the table include some "
+                  "without a recorded training curve (recorded before the JSON kept curves, "
+                  "or runs that logged fewer than two returns). Each re-run below runs those "
+                  "seeds of both systems again; a run whose folder is still in `--work` is "
+                  "read from it, not run, so move such a folder away first:", ""]
+        for name, lacking in left_out.items():
+            seeds = " ".join(str(seed) for seed in sorted({r["seed"] for r in lacking}))
+            runs_said = ", ".join(f"{r['system']} s{r['seed']}" for r in lacking)
+            lines.append(f"- {name} ({runs_said}): `python benchmarks/learning.py --fresh "
+                         f"--rows {name} --seeds {seeds}`")
     return "\n".join(lines)
 
 
@@ -213,20 +218,22 @@ def finished(runs: list[dict[str, Any]], row: Row, system: str) -> list[dict[str
             and r.get("final_eval") is not None]
 
 
-def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path) -> dict[str, int]:
+def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path
+         ) -> dict[str, list[dict[str, Any]]]:
     """Training-return curves (IQM over the seeds that finished, 95 % bootstrap bands), one
     panel per row, from the curves the runs recorded. A row with a run that has no curve
     (recorded before the JSON kept curves, its folder gone) is left out, so that each panel
-    shows the seeds its row of the table scores; returns those rows, each with how many of
-    its runs lack a curve. Draws nothing when no row is left."""
-    left_out: dict[str, int] = {}
+    shows the seeds its row of the table scores; returns those rows, each with its runs
+    that lack a curve. With no row left, no picture (an earlier one is removed)."""
+    left_out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         lacking = [r for system in ("daskrl", "peer") for r in finished(runs, row, system)
                    if not r.get("curve")]
         if lacking:
-            left_out[row.name] = len(lacking)
+            left_out[row.name] = lacking
     rows = [row for row in rows if row.name not in left_out]
     if not rows:
+        path.unlink(missing_ok=True)  # an earlier call's picture would not match the table
         return left_out
     import matplotlib
 
