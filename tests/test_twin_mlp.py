@@ -234,11 +234,27 @@ def test_numpy_act_is_the_torch_act(make: Callable[[], nn.Module], deterministic
     torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-5)
 
 
-def test_a_batch_past_the_numpy_rows_runs_in_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def torch_threads() -> Any:
+    """Sets torch's thread count for the test, then puts it back."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_the_path_follows_the_rows_and_torch_threads(monkeypatch: pytest.MonkeyPatch,
+                                                     torch_threads: Any) -> None:
     net = gaussian_net()
     obs = np.random.default_rng(1).normal(size=(NUMPY_MAX_ROWS + 1, 5)).astype(np.float32)
+    torch_threads(1)  # an actor's default: numpy at any size
+    monkeypatch.setattr(net, "_act_torch", no_call)
+    assert net.act(obs)[0].shape == (NUMPY_MAX_ROWS + 1, 2)
+    monkeypatch.undo()
+    torch_threads(2)  # threads torch's ops can use: numpy only up to NUMPY_MAX_ROWS
     monkeypatch.setattr(net, "_act_numpy", no_call)
     assert net.act(obs)[0].shape == (NUMPY_MAX_ROWS + 1, 2)
+    with pytest.raises(AssertionError, match="the other path ran"):
+        net.act(obs[:NUMPY_MAX_ROWS])
     monkeypatch.undo()
     net.double()  # float64 weights: the numpy path declines, torch's runs
     monkeypatch.setattr(net, "_act_torch", no_call)

@@ -10,10 +10,9 @@ two towers, so a 2-hidden-layer pair is three matmuls and two activations instea
 four. The maths is each tower's own; sums over the same terms may round in another order
 than ``F.linear``'s (float32 rounding, about 1e-7 relative).
 
-On the CPU a small batch can skip torch altogether (:meth:`TwinMLP.run_numpy`): the stacked
-copy is also held as numpy arrays (views of the same memory), and a numpy call costs less
-than torch's dispatch of the same op. Past some rows torch's vectorised activations win
-(``NUMPY_MAX_ROWS``).
+On the CPU a batch can skip torch altogether (:meth:`TwinMLP.run_numpy`): the stacked copy
+is also held as numpy arrays (views of the same memory), and a numpy call costs less than
+torch's dispatch of the same op (``NUMPY_MAX_ROWS`` says when ``act`` uses it).
 """
 
 from __future__ import annotations
@@ -39,9 +38,10 @@ def _np_relu(h: np.ndarray, out: np.ndarray) -> np.ndarray:
 _NP_ACTIVATIONS: dict[type, Callable[..., np.ndarray]] = {nn.Tanh: np.tanh, nn.ReLU: _np_relu}
 
 NUMPY_MAX_ROWS = 64
-"""The most rows :meth:`TwinMLP.run_numpy` is meant for; the actor-critics' ``act`` runs
-batches up to this size in numpy and larger ones in torch (``benchmarks/act_rows.py`` times
-both paths by batch size)."""
+"""With torch on more than one thread, the most rows the actor-critics' ``act`` runs in
+numpy (larger batches go to torch, whose ops can use the threads). With one torch thread,
+an actor's default, ``act`` runs every batch in numpy: in ``benchmarks/act_rows.py`` numpy was
+the faster path at every size measured, up to 16,384 rows."""
 
 _optimiser_steps = 0
 """torch.optim steps taken in this process: fused steps leave the version counters alone
@@ -256,9 +256,9 @@ class TwinMLP:
 
 
 class NumpyActing:
-    """``act`` for an actor-critic with two paths: numpy for a small batch on the CPU
-    (``_act_numpy``), torch otherwise (``_act_torch``), the same maths and the same draws
-    from the generator.
+    """``act`` for an actor-critic with two paths: numpy on the CPU (``_act_numpy``: a
+    batch of any size with one torch thread, a small one with more), torch otherwise
+    (``_act_torch``), the same maths and the same draws from the generator.
 
     ``_act_numpy`` returns numpy arrays, or None for a network it cannot run (not float32
     on the CPU, towers replaced), and torch's path runs instead.
@@ -277,10 +277,12 @@ class NumpyActing:
         """Sampled (or greedy) actions, their log-probabilities (densities) and the values of
         ``obs``, as inference tensors (no autograd), the noise from ``generator``.
 
-        A numpy batch of up to ``NUMPY_MAX_ROWS`` rows runs in numpy when the network can
-        (:meth:`TwinMLP.run_numpy`), anything else in torch on the network's device.
+        A numpy batch runs in numpy when the network can (:meth:`TwinMLP.run_numpy`) and
+        torch has one thread or the batch is at most ``NUMPY_MAX_ROWS`` rows; anything else
+        in torch on the network's device.
         """
-        if isinstance(obs, np.ndarray) and obs.shape[0] <= NUMPY_MAX_ROWS:
+        if isinstance(obs, np.ndarray) and (obs.shape[0] <= NUMPY_MAX_ROWS
+                                            or torch.get_num_threads() == 1):
             out = self._act_numpy(obs, generator, deterministic)
             if out is not None:
                 with torch.inference_mode():  # the same kind of tensor as torch's path
