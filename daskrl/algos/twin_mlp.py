@@ -40,8 +40,10 @@ _NP_ACTIVATIONS: dict[type, Callable[..., np.ndarray]] = {nn.Tanh: np.tanh, nn.R
 NUMPY_MAX_ROWS = 64
 """With torch on more than one thread, the most rows the actor-critics' ``act`` runs in
 numpy (larger batches go to torch, whose ops can use the threads). With one torch thread,
-an actor's default, ``act`` runs every batch in numpy: in ``benchmarks/act_rows.py`` numpy was
-the faster path at every size measured, up to 16,384 rows."""
+an actor's default, ``act`` runs every batch in numpy. In ``benchmarks/act_rows.py`` on 2
+cores numpy was the faster path at every size timed (1 to 16,384 rows), against torch on one
+thread and on two; the limit is kept for actors granted more threads on larger machines,
+which that measurement does not cover."""
 
 _optimiser_steps = 0
 """torch.optim steps taken in this process: fused steps leave the version counters alone
