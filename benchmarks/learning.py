@@ -170,7 +170,7 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
     lines += [f"- **{r.algo} {r.env}** ({s['steps']:,} steps): {r.note}."
               for r, s in zip(rows, summary, strict=True)]
     left_out = left_out or {}
-    if len(left_out) < len(rows):
+    if curves.exists():  # plot() removes the picture when it draws no row
         lines += ["", f"![training return, IQM over seeds with 95 % bands]({where.as_posix()})"]
     if left_out:
         rows_said = "1 row" if len(left_out) == 1 else f"{len(left_out)} rows"
@@ -181,7 +181,12 @@ def page(summary: list[dict[str, Any]], rows: list[Row], runs: list[dict[str, An
                   "read from it, not run, so move such a folder away first:", ""]
         for name, lacking in left_out.items():
             seeds = " ".join(str(seed) for seed in sorted({r["seed"] for r in lacking}))
-            runs_said = ", ".join(f"{r['system']} s{r['seed']}" for r in lacking)
+            by_system: dict[str, list[int]] = {}
+            for r in lacking:
+                by_system.setdefault(r["system"], []).append(r["seed"])
+            runs_said = "; ".join(f"{system} seed{'s' if len(got) > 1 else ''} "
+                                  + " ".join(map(str, sorted(got)))
+                                  for system, got in by_system.items())
             lines.append(f"- {name} ({runs_said}): `python benchmarks/learning.py --fresh "
                          f"--rows {name} --seeds {seeds}`")
     return "\n".join(lines)
@@ -224,14 +229,17 @@ def plot(rows: list[Row], runs: list[dict[str, Any]], path: Path
     panel per row, from the curves the runs recorded. A row with a run that has no curve
     (recorded before the JSON kept curves, its folder gone) is left out, so that each panel
     shows the seeds its row of the table scores; returns those rows, each with its runs
-    that lack a curve. With no row left, no picture (an earlier one is removed)."""
+    that lack a curve. A row with no finished run has no panel. With no row left, no picture
+    (an earlier one is removed)."""
     left_out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         lacking = [r for system in ("daskrl", "peer") for r in finished(runs, row, system)
                    if not r.get("curve")]
         if lacking:
             left_out[row.name] = lacking
-    rows = [row for row in rows if row.name not in left_out]
+    # a row with no finished run yet (a new row) has nothing to draw either
+    rows = [row for row in rows if row.name not in left_out
+            and any(finished(runs, row, system) for system in ("daskrl", "peer"))]
     if not rows:
         path.unlink(missing_ok=True)  # an earlier call's picture would not match the table
         return left_out

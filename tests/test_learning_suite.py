@@ -124,13 +124,15 @@ def test_a_row_with_runs_lacking_a_curve_is_left_out_of_the_picture_and_named(
                                   + recorded_runs("mappo-spread", "daskrl", [-20.0, -21.0])
                                   + recorded_runs("mappo-spread", "peer", [-19.0, -22.0])}))
     md = tmp_path / "learning.md"
-    learning.main(["--rows", "sac-pendulum", "mappo-spread", "--seeds", "1", "2", "--no-run",
-                   "--work", str(tmp_path / "w"), "--json", str(record), "--md", str(md)])
+    # sac-hopper has no run yet: no panel either
+    learning.main(["--rows", "sac-pendulum", "sac-hopper", "mappo-spread", "--seeds", "1", "2",
+                   "--no-run", "--work", str(tmp_path / "w"), "--json", str(record),
+                   "--md", str(md)])
     assert drawn == [[-20.0, -21.0], [-19.0, -22.0]]  # mappo-spread's panel alone
     text = md.read_text()
     assert "learning_curves.png" in text
     assert "Not in the picture: 1 row whose" in text
-    assert ("- sac-pendulum (daskrl s2): `python benchmarks/learning.py --fresh --rows "
+    assert ("- sac-pendulum (daskrl seed 2): `python benchmarks/learning.py --fresh --rows "
             "sac-pendulum --seeds 2`") in text
     # with every row left out there is no picture: an earlier one is removed, not linked
     spread = json.loads(record.read_text())["runs"]
