@@ -4,9 +4,11 @@ Not part of daskrl. The product (``daskrl/algos``) differentiates its loss with 
 steps ``torch.optim.Adam``; this module is what one network shape allows when nothing is
 general: numpy inference with the actor and critic stacked into one matmul per layer, PPO's
 gradients derived by hand in numpy (the maths of :func:`daskrl.algos.losses.ppo_loss` and
-its backward pass), and Adam over one flat array. ``ppo_cartpole.py --systems hand`` runs it
-in the same plain loop as the ``lean`` system, so the gap between the two is what the general
-path costs. ``tests/test_hand_kernel.py`` checks its gradients against autograd's.
+its backward pass), and Adam over one flat array. (daskrl's own ``act`` now runs a small CPU
+batch in numpy the same way, through ``TwinMLP.run_numpy`` for any MLP pair; :class:`HandNet`
+keeps its own forward so that the reference stays what it was.) ``ppo_cartpole.py --systems
+hand`` runs it in the same plain loop as the ``lean`` system, so the gap between the two is
+what the general path costs. ``tests/test_hand_kernel.py`` checks its gradients against autograd's.
 """
 
 from __future__ import annotations
