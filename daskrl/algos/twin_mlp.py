@@ -28,14 +28,15 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from daskrl.algos.layers import run_mlp
 
-_ACTIVATIONS = {nn.Tanh: torch.tanh, nn.ReLU: torch.relu}
-
 
 def _np_relu(h: np.ndarray, out: np.ndarray) -> np.ndarray:
     return np.maximum(h, 0.0, out=out)
 
 
-_NP_ACTIVATIONS: dict[type, Callable[..., np.ndarray]] = {nn.Tanh: np.tanh, nn.ReLU: _np_relu}
+_ACTIVATIONS: dict[type, tuple[Callable[[Tensor], Tensor], Callable[..., np.ndarray]]] = {
+    nn.Tanh: (torch.tanh, np.tanh), nn.ReLU: (torch.relu, _np_relu)}
+"""Each activation layer the towers may hold: its torch function and its numpy one (which
+writes into ``out``)."""
 
 NUMPY_MAX_ROWS = 64
 """With torch on more than one thread, the most rows the actor-critics' ``act`` runs in
@@ -103,8 +104,9 @@ class TwinMLP:
         self.a, self.b = a, b
         self._linears = [m for net in (a, b) for m in net if isinstance(m, nn.Linear)]
         self._params = [m._parameters for m in self._linears]  # live dicts: replacements show
-        self._acts = [_ACTIVATIONS[type(m)] for m in a if type(m) in _ACTIVATIONS]
-        self._np_acts = [_NP_ACTIVATIONS[type(m)] for m in a if type(m) in _NP_ACTIVATIONS]
+        pairs = [_ACTIVATIONS[type(m)] for m in a if type(m) in _ACTIVATIONS]
+        self._acts = [torch_fn for torch_fn, _ in pairs]
+        self._np_acts = [np_fn for _, np_fn in pairs]
         self._cache: tuple[Any, ...] | None = None
         """(key, first layer, stacked later layers, output widths, numpy copy or None),
         replaced as one."""
@@ -217,8 +219,9 @@ class TwinMLP:
         it cannot be: ``a`` or ``b`` is no longer this twin's tower, or the weights are not
         float32 on the CPU (then call :meth:`run`).
 
-        Meant for small batches (``NUMPY_MAX_ROWS``). The same maths as :meth:`run`, in
-        numpy's float32 arithmetic (sums may round in another order: about 1e-7 relative).
+        The same maths as :meth:`run`, in numpy's float32 arithmetic (sums may round in
+        another order: about 1e-7 relative); ``NUMPY_MAX_ROWS`` says which batches ``act``
+        sends here.
 
         Examples
         --------
