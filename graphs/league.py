@@ -116,6 +116,10 @@ class Config:
     mirror: bool = setting(
         "board games: a network symmetric under the board's left-right mirror (logits and value "
         "averaged over the position and its mirror image)", False)
+    second_seat: float = setting(
+        "board games: share of the games in which the league's member plays second (0.5: "
+        "seated at random; more gives the second seat, which starts behind, more of the "
+        "training games)", 0.5)
     snapshot_every: int = setting("iterations between frozen snapshots of the policy", 10)
     max_snapshots: int = setting("snapshots kept in the league, the main agent's and the "
                                  "exploiters' together (the oldest leaves)", 20)
@@ -207,7 +211,7 @@ def make_actor(config: Config, seed: int) -> GameActor:
     """Role ``rollout``: games against the coordinator's picks."""
     return GameActor(config.env, config.num_envs, seed, (config.hidden,) * 2, config.gamma,
                      config.gae_lambda, config.torso, config.exploiters, config.exploiter_share,
-                     config.rating_share, config.fixed(), config.mirror)
+                     config.rating_share, config.fixed(), config.mirror, config.second_seat)
 
 
 def benchmark_player(config: Config, name: str, seed: int) -> Any:
@@ -317,6 +321,9 @@ def build_tag(config: Config) -> Algorithm:
     if config.mirror:
         raise ValueError("--mirror is for board games: simple tag's teams have no mirror "
                          "move map; drop --mirror")
+    if config.second_seat != 0.5:
+        raise ValueError("--second-seat is for board games: simple tag's teams play at once, "
+                         "not in turns; drop --second-seat")
     if config.goal <= 0:
         raise ValueError(f"--goal must be > 0 touches, got {config.goal}")
     if config.eval_games < 1:
@@ -373,6 +380,8 @@ def build(config: Config) -> Algorithm:
         raise ValueError(f"--rating-share must be in [0, 1), got {config.rating_share}")
     if not 0.0 <= config.exploiter_share < 1.0:
         raise ValueError(f"--exploiter-share must be in [0, 1), got {config.exploiter_share}")
+    if not 0.0 <= config.second_seat <= 1.0:
+        raise ValueError(f"--second-seat must be a share in [0, 1], got {config.second_seat}")
     if config.eval_games < 1:
         raise ValueError(f"--eval-games must be >= 1, got {config.eval_games}")
     return league_algorithm(

@@ -1,7 +1,8 @@
 """A league's actor: games of a PettingZoo classic game between the learning policy and the
 opponents the coordinator picked (:class:`daskrl.league.LeagueCoordinator`).
 
-Each game seats its learning member at random. A main agent's game draws its opponent: the
+Each game seats its learning member second with probability ``second_seat`` (0.5: at random;
+more favours the seat that starts behind). A main agent's game draws its opponent: the
 latest policy itself with the league's ``self_play`` share, else one of the iteration's
 opponent slots. With exploiters, an ``exploiter_share`` of the games are an exploiter's
 against the main agent's latest policy, and a ``rating_share`` are rating games between two
@@ -73,9 +74,11 @@ class GameActor:
                  gamma: float = 0.99, gae_lambda: float = 0.95, torso: str = "mlp",
                  exploiters: int = 0, exploiter_share: float = 0.25,
                  rating_share: float = 0.0, fixed: tuple[str, ...] = (),
-                 mirror: bool = False) -> None:
+                 mirror: bool = False, second_seat: float = 0.5) -> None:
+        if not 0.0 <= second_seat <= 1.0:
+            raise ValueError(f"second_seat must be a share in [0, 1], got {second_seat}")
         self.game, self.num_envs, self.hidden, self.torso = game, num_envs, hidden, torso
-        self.mirror = mirror
+        self.mirror, self.second_seat = mirror, second_seat
         self.fixed = tuple(fixed)
         # the league's scripted members, by their ids (LeagueSettings.fixed's order)
         self.scripted = {RANDOM + 1 + i: scripted_player(game, name, seed + 2 + i)
@@ -111,7 +114,7 @@ class GameActor:
         """A copy playing ``num_envs`` games (fused replicas, ``single``)."""
         return GameActor(self.game, num_envs, seed, self.hidden, self.gamma, self.gae_lambda,
                          self.torso, self.exploiters, self.exploiter_share, self.rating_share,
-                         self.fixed, self.mirror)
+                         self.fixed, self.mirror, self.second_seat)
 
     def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Load the learner's weights and the coordinator's opponent slots."""
@@ -142,10 +145,16 @@ class GameActor:
         self.opponents = wanted
         self.version = version
 
+    def _seat_index(self) -> int:
+        """The seat of a new game's member: 1 (second) with probability ``second_seat``."""
+        if self.second_seat == 0.5:  # the draw runs made before the setting existed used
+            return int(self.rng.integers(2))
+        return int(self.rng.random() < self.second_seat)
+
     def _new_game(self, i: int) -> None:
         env = self.envs[i]
         env.reset(seed=int(self.rng.integers(2**31)))
-        self.seat[i] = env.possible_agents[int(self.rng.integers(2))]
+        self.seat[i] = env.possible_agents[self._seat_index()]
         self.member[i] = 0
         members = sorted(set(self.slots))
         if len(members) >= 2 and self.rng.random() < self.rating_share:

@@ -290,6 +290,31 @@ def test_fixed_players_are_checked_against_the_game():
             graph.build(graph.Config(env=env, fixed_players=names))
 
 
+@pytest.mark.parametrize("share", [0.0, 0.8, 1.0])
+def test_the_second_seat_share_seats_the_member_second_that_often(share: float):
+    actor = GameActor("connect_four_v3", 200, seed=3, hidden=(16,), second_seat=share)
+    weights = dict(MaskedActorCritic((6, 7, 2), 7, (16,)).state_dict())
+    weights["league/ids"] = torch.tensor([RANDOM])  # only the member's moves are recorded
+    weights["league/self_play"] = torch.tensor(0.0)
+    actor.set_weights(weights, 0)
+    obs = actor.rollout(12)["obs"]  # the member's moves of finished games: 250+ games
+    board = obs[:, :84].reshape(-1, 6, 7, 2)
+    own, other = board[..., 0].sum((1, 2)), board[..., 1].sum((1, 2))
+    # seated first the member moves with as many pieces as the other side, second with one less
+    assert set((other - own).tolist()) <= {0.0, 1.0}
+    first_moves = own == 0
+    assert first_moves.sum() >= 200
+    second = float((other[first_moves] == 1).mean())
+    assert abs(second - share) < 0.08, second
+    with pytest.raises(ValueError, match="second_seat"):
+        GameActor("tictactoe_v3", 2, seed=0, second_seat=1.5)
+    graph = load_graph(GRAPH)
+    with pytest.raises(ValueError, match="--second-seat must be a share"):
+        graph.build(graph.Config(second_seat=-0.1))
+    with pytest.raises(ValueError, match="--second-seat is for board games"):
+        graph.build(graph.Config(env="simple_tag", second_seat=0.7))
+
+
 def test_rating_games_between_league_members_rate_them_among_themselves():
     actor = GameActor("tictactoe_v3", 16, seed=2, hidden=(16,), rating_share=0.5)
     net = MaskedActorCritic((3, 3, 2), 9, (16,))
