@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 import numpy as np
 
@@ -44,6 +45,10 @@ class Config:
     target_network_frequency: int = setting("gradient steps between target updates", 1)
     alpha: float = setting("entropy temperature when --no-autotune", 0.2)
     autotune: bool = setting("tune the entropy temperature towards -dim(actions)", True)
+    temperature_loss: Literal["alpha", "log_alpha"] = setting(
+        "what the temperature's loss multiplies: alpha (CleanRL) or log_alpha (the SAC "
+        "authors' code, SB3: the temperature moves as fast in log space when it is small)",
+        "alpha")
     n_step: int = setting("env steps folded into each transition (n-step returns)", 1)
     hidden: int = setting("hidden units in each of the two ReLU layers", 256)
     save_replay: bool = setting("checkpoint the replay's contents (off: a resumed run starts "
@@ -66,7 +71,8 @@ class Config:
             buffer_size=self.buffer_size, learning_starts=self.learning_starts, tau=self.tau,
             train_frequency=self.train_frequency, policy_frequency=self.policy_frequency,
             target_network_frequency=self.target_network_frequency, autotune=self.autotune,
-            alpha=self.alpha, save_replay=self.save_replay, compile=self.compile)
+            alpha=self.alpha, temperature_loss=self.temperature_loss,
+            save_replay=self.save_replay, compile=self.compile)
 
 
 def make_learner(config: Config, seed: int, device: str) -> SACLearner:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -84,6 +84,10 @@ class SACHyper:
     target_network_frequency: int = 1
     autotune: bool = True
     alpha: float = 0.2
+    temperature_loss: Literal["alpha", "log_alpha"] = "alpha"
+    """What the temperature's loss multiplies: ``alpha`` (CleanRL: its gradient in log space
+    shrinks with the temperature) or ``log_alpha`` (the SAC authors' code and SB3: a step of
+    the same size in log space whatever the temperature)."""
     save_replay: bool = True
     compile: bool = False
 
@@ -189,7 +193,9 @@ class SACLearner(BoxLearner):
         if self.hyper.autotune:
             with torch.no_grad():
                 _, logp = self.actor.squash(obs, alpha_noise)
-            alpha_loss = (-self.log_alpha.exp() * (logp + self.target_entropy)).mean()
+            scale = self.log_alpha if self.hyper.temperature_loss == "log_alpha" \
+                else self.log_alpha.exp()
+            alpha_loss = (-scale * (logp + self.target_entropy)).mean()
             clipped_step(self.a_optimizer, [self.log_alpha],
                          torch.autograd.grad(alpha_loss, [self.log_alpha]), [], 0.0)
             alpha = self.log_alpha.exp().detach()
