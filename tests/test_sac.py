@@ -219,3 +219,26 @@ def test_the_update_does_not_draw_from_torch_s_global_generator():
                           hyper=hyper)
     restored.load_state_dict(learner.state_dict())
     assert torch.equal(restored.generator.get_state(), learner.generator.get_state())
+
+
+@pytest.mark.parametrize("temperature_loss", ["alpha", "log_alpha"])
+def test_the_temperature_loss_multiplies_what_it_says(temperature_loss: str):
+    """The temperature's gradient in log space is alpha x (mean log-probability + target
+    entropy) with CleanRL's loss, and that mean itself with the SAC authors' (SB3's)."""
+    import math
+
+    from daskrl.algos.sac import SACHyper, SACLearner
+
+    learner = SACLearner(3, np.array([-2.0]), np.array([2.0]), seed=0, hidden=(16,),
+                         hyper=SACHyper(temperature_loss=temperature_loss))
+    learner.log_alpha.data.fill_(math.log(0.05))
+    # plain SGD with a unit step shows the loss's gradient itself (Adam would hide its scale)
+    learner.a_optimizer = torch.optim.SGD([learner.log_alpha], lr=1.0)
+    obs = torch.randn(32, 3, generator=torch.Generator().manual_seed(1))
+    noise, alpha_noise = learner._noise(obs), learner._noise(obs)
+    learner._actor_fit(obs, noise, alpha_noise)
+    with torch.no_grad():  # the actor after its step, as the temperature's step saw it
+        _, logp = learner.actor.squash(obs, alpha_noise)
+    gap = float((logp + learner.target_entropy).mean())
+    step = learner.log_alpha.item() - math.log(0.05)
+    assert step == pytest.approx(gap * (0.05 if temperature_loss == "alpha" else 1.0), rel=1e-4)
