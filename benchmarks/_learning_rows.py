@@ -135,10 +135,9 @@ ROWS: dict[str, Row] = {r.name: r for r in (
             "gradient_steps": 200}},
         note="RL Zoo's Hopper settings (3e-4 for every network, 10k uniformly random steps "
              "first, 256x256 ReLU, batch 256, tau 0.005, the temperature tuned) at 100k steps, "
-             "an estimated 20-30 minutes a run here (SAC takes one gradient step per env "
-             "step: about 60 env-steps/s on the sac-pendulum row, TD3 91 on Hopper-v5 in "
-             "td3.md); SB3 collects 200 steps, then takes 200 gradient steps, as a daskrl "
-             "iteration does"),
+             "22-26 minutes a run here with two runs at once (SAC takes one gradient step "
+             "per env step: 70-77 env-steps/s on this row); SB3 collects 200 steps, then "
+             "takes 200 gradient steps, as a daskrl iteration does"),
     Row("mappo-spread", "MAPPO", "simple_spread", 320_000, "graphs/mappo.py",
         ("--env", "simple_spread"), peer="IPPO (daskrl)",
         peer_flags=("--env", "simple_spread", "--critic", "local"),
